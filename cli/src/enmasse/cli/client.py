@@ -1,0 +1,177 @@
+"""The CLI's side of the ConfigService: where it is, how to call it, and what its errors mean.
+
+Where: `--server host:port`, else $ENMASSE_SERVER, else the address `enmasse up` wrote to
+<var>/run/config.addr, else DEFAULT_SERVER (127.0.0.1:5680, the port to give `enmasse-config
+--listen` when running it by hand).
+
+How: a blocking gRPC channel per command (a CLI does one thing and exits), a deadline on every
+unary call (`--timeout`, default 10 s), and Watch as a stream that resumes from the last revision it
+saw when the connection drops.
+
+Errors: every grpc.RpcError becomes a `CliError` whose text is what the user reads: the server's
+own message for refusals (INVALID_ARGUMENT, FAILED_PRECONDITION, NOT_FOUND, ALREADY_EXISTS), a hint
+for ABORTED (stale resource_version) and, when nothing answers, the question everyone asks first:
+is `enmasse up` running?
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import grpc
+from enmasse.common.manifests import KindInfo, wrap
+from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
+
+DEFAULT_SERVER = "127.0.0.1:5680"
+DEFAULT_TIMEOUT = 10.0
+
+
+class CliError(click.ClickException):
+    """A failure the user must read: printed as `error: <message>`, exit code 1, no traceback."""
+
+    exit_code = 1
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+def resolve_server(*, option: str | None, var_dir: Path) -> str:
+    if option:
+        return option
+    if env := os.environ.get("ENMASSE_SERVER"):
+        return env
+    addr_file = var_dir / "run" / "config.addr"
+    try:
+        if text := addr_file.read_text().strip():
+            return text
+    except OSError:
+        pass
+    return DEFAULT_SERVER
+
+
+def explain(error: grpc.RpcError, *, server: str) -> CliError:
+    code = error.code()  # type: ignore[attr-defined]
+    details = error.details() or ""  # type: ignore[attr-defined]
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return CliError(f"cannot reach the config service at {server}: is `enmasse up` running?")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return CliError(f"the config service at {server} did not answer in time ({details})")
+    if code == grpc.StatusCode.ABORTED:
+        return CliError(f"{details} (it changed since it was read: get it again and retry)")
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return CliError(f"the config service at {server} does not implement this call: {details}")
+    return CliError(details or code.name)
+
+
+@dataclass(frozen=True)
+class _KindCalls:
+    get: str
+    list: str
+    delete: str
+
+
+def _calls(info: KindInfo) -> _KindCalls:
+    plural = {"Address": "Addresses"}.get(info.name, info.name + "s")
+    return _KindCalls(get=f"Get{info.name}", list=f"List{plural}", delete=f"Delete{info.name}")
+
+
+class ConfigClient:
+    """Thin, blocking, deadline-bound calls to one ConfigService."""
+
+    def __init__(self, *, server: str, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.server = server
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(server)
+        self._stub = config_pb2_grpc.ConfigServiceStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> ConfigClient:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, request: Any) -> Any:
+        rpc: Callable[..., Any] = getattr(self._stub, method)
+        try:
+            return rpc(request, timeout=self.timeout)
+        except grpc.RpcError as error:
+            raise explain(error, server=self.server) from None
+
+    def list(self, info: KindInfo, *, space: str = "") -> list[resources_pb2.Resource]:
+        reply = self._call(_calls(info).list, config_pb2.ListRequest(space=space))
+        return [wrap(item) for item in reply.items]
+
+    def get(self, info: KindInfo, *, name: str, space: str = "") -> resources_pb2.Resource:
+        return wrap(self._call(_calls(info).get, config_pb2.ObjectRef(space=space, name=name)))
+
+    def delete(
+        self, info: KindInfo, *, name: str, space: str = "", resource_version: int = 0
+    ) -> int:
+        request = config_pb2.DeleteRequest(
+            ref=config_pb2.ObjectRef(space=space, name=name), resource_version=resource_version
+        )
+        return int(self._call(_calls(info).delete, request).revision)
+
+    def apply(
+        self,
+        *,
+        space: str,
+        resources: Sequence[resources_pb2.Resource],
+        manager: str = "cli",
+        prune: bool = False,
+        dry_run: bool = False,
+    ) -> config_pb2.ApplyResponse:
+        request = config_pb2.ApplyRequest(
+            space=space,
+            manager=manager,
+            resources=list(resources),
+            prune=prune,
+            dry_run=dry_run,
+            atomic=True,
+        )
+        reply: config_pb2.ApplyResponse = self._call("Apply", request)
+        return reply
+
+    def watch(
+        self,
+        *,
+        kinds: Sequence[str],
+        space: str = "",
+        retry_for: float = 30.0,
+    ) -> Iterator[config_pb2.WatchEvent]:
+        """List-then-watch; on a dropped stream, resume after the last revision seen (no event
+        missed or repeated), giving up when the server stays away for `retry_for` seconds."""
+        revision = 0  # until SYNCED, a resume must list again: the list may be incomplete
+        synced = False
+        down_since: float | None = None
+        while True:
+            request = config_pb2.WatchRequest(
+                kinds=list(kinds), space=space, resource_version=revision
+            )
+            stream = self._stub.Watch(request)
+            try:
+                for event in stream:
+                    down_since = None
+                    synced = synced or event.type == config_pb2.WatchEvent.SYNCED
+                    if synced and event.revision:
+                        revision = max(revision, event.revision)
+                    yield event
+                return  # the server ended the stream on purpose
+            except grpc.RpcError as error:
+                if error.code() != grpc.StatusCode.UNAVAILABLE or not synced:  # type: ignore[attr-defined]
+                    raise explain(error, server=self.server) from None
+                down_since = down_since or time.monotonic()
+                if time.monotonic() - down_since > retry_for:
+                    raise explain(error, server=self.server) from None
+                time.sleep(0.5)
+            finally:
+                stream.cancel()

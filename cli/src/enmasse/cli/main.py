@@ -1,0 +1,329 @@
+"""The `enmasse` command: wiring of the verbs to the modules that do the work.
+
+    enmasse up [--demo] | down | status          the local system under supervisord (local.py)
+    enmasse apply -f FILE|DIR [--space S]        manifests -> one atomic Apply per scope (apply.py)
+    enmasse get KIND [NAME] [--space S] [-o table|yaml|json]
+    enmasse delete KIND NAME [--space S]
+    enmasse watch KIND [--space S]               events until Ctrl-C
+    enmasse validate -f FILE|DIR                 offline, for a manifests repo's CI (offline.py)
+
+Global options: `--server host:port` (else $ENMASSE_SERVER, else <var>/run/config.addr written by
+`up`, else 127.0.0.1:5680), `--var-dir` (else $ENMASSE_VAR, else ./var), `--timeout` (the deadline
+of every call, seconds), `-v` (debug logs on stderr).
+
+Every failure the user can cause or meet (server down, bad file, refused manifest, stale update)
+ends as `error: <message>` on stderr with exit code 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+import structlog
+from enmasse.cli import local, offline
+from enmasse.cli.apply import batches, outcome_line
+from enmasse.cli.client import DEFAULT_TIMEOUT, CliError, ConfigClient, resolve_server
+from enmasse.cli.kinds import UnknownKind, resolve_kind
+from enmasse.cli.render import make_console, print_resources, print_table
+from enmasse.common.logging import configure_logging
+from enmasse.common.manifests import KINDS, KindInfo, display_name, inner, kind_of, load_paths
+from enmasse.v1 import config_pb2
+
+log = structlog.get_logger("enmasse.cli")
+
+
+@dataclass(frozen=True)
+class Settings:
+    server_option: str | None
+    var: local.VarDir
+    timeout: float
+
+    @property
+    def server(self) -> str:
+        return resolve_server(option=self.server_option, var_dir=self.var.root)
+
+    def client(self) -> ConfigClient:
+        return ConfigClient(server=self.server, timeout=self.timeout)
+
+
+pass_settings = click.make_pass_decorator(Settings)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--server", metavar="HOST:PORT", help="config service address (order: see above)")
+@click.option("--var-dir", metavar="DIR", help="state of `enmasse up` ($ENMASSE_VAR, else ./var)")
+@click.option(
+    "--timeout",
+    type=float,
+    default=DEFAULT_TIMEOUT,
+    show_default=True,
+    help="deadline of each call, s",
+)
+@click.option("-v", "--verbose", is_flag=True, help="debug logs on stderr")
+@click.pass_context
+def cli(
+    ctx: click.Context, server: str | None, var_dir: str | None, timeout: float, verbose: bool
+) -> None:
+    """EnMasse-py: messaging as a service. Address spaces and addresses, declared as manifests.
+
+    \b
+    The config service is found at --server HOST:PORT, else $ENMASSE_SERVER,
+    else the address `enmasse up` wrote to <var-dir>/run/config.addr,
+    else 127.0.0.1:5680.
+    """
+    configure_logging(service="cli", renderer="console", level="DEBUG" if verbose else "WARNING")
+    ctx.obj = Settings(server_option=server, var=local.VarDir.choose(var_dir), timeout=timeout)
+
+
+def _kind(word: str) -> KindInfo:
+    try:
+        return resolve_kind(word)
+    except UnknownKind as exc:
+        raise CliError(str(exc)) from None
+
+
+def _space_for(info: KindInfo, space: str, *, verb: str) -> str:
+    if info.space_scoped and not space:
+        raise CliError(f"{info.plural} live in an address space: {verb} needs --space SPACE")
+    return space if info.space_scoped else ""
+
+
+# ---------------------------------------------------------------- apply / validate
+
+
+def apply_paths(
+    settings: Settings,
+    paths: Sequence[str],
+    *,
+    space: str = "",
+    dry_run: bool = False,
+    prune: bool = False,
+) -> None:
+    loaded = load_paths(paths, default_space=space)
+    for error in loaded.errors:
+        click.echo(str(error), err=True)
+    if loaded.errors:
+        raise CliError(f"{len(loaded.errors)} bad manifest(s): nothing applied")
+    if not loaded.manifests:
+        raise CliError(f"no manifests in {', '.join(paths)}")
+    with settings.client() as client:
+        for batch in batches(loaded.manifests):
+            log.debug("apply", space=batch.space, resources=len(batch.resources))
+            reply = client.apply(
+                space=batch.space, resources=batch.resources, dry_run=dry_run, prune=prune
+            )
+            for result in reply.results:
+                click.echo(outcome_line(result, dry_run=dry_run))
+
+
+@cli.command()
+@click.option("-f", "--filename", "paths", multiple=True, required=True, metavar="FILE|DIR")
+@click.option("-s", "--space", default="", help="for manifests that name no metadata.space")
+@click.option("--dry-run", is_flag=True, help="show what would change, change nothing")
+@click.option("--prune", is_flag=True, help="delete what the CLI applied earlier and these lack")
+@pass_settings
+def apply(
+    settings: Settings, paths: tuple[str, ...], space: str, dry_run: bool, prune: bool
+) -> None:
+    """Create or update the resources of manifest files (one atomic batch per address space)."""
+    apply_paths(settings, paths, space=space, dry_run=dry_run, prune=prune)
+
+
+@cli.command()
+@click.option("-f", "--filename", "paths", multiple=True, required=True, metavar="FILE|DIR")
+def validate(paths: tuple[str, ...]) -> None:
+    """Check manifests offline; print `file:line: message` per error; exit 1 if any."""
+    loaded = load_paths(paths)
+    problems = offline.check(loaded)
+    for problem in problems:
+        click.echo(problem)
+    if problems:
+        click.echo(f"{len(problems)} error(s)", err=True)
+        raise SystemExit(1)
+    click.echo(f"{len(loaded.manifests)} manifests valid")
+
+
+# ---------------------------------------------------------------- get / delete / watch
+
+
+@cli.command()
+@click.argument("kind")
+@click.argument("name", required=False)
+@click.option("-s", "--space", default="", help="address space (all spaces when omitted)")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["table", "yaml", "json"]),
+    default="table",
+    show_default=True,
+)
+@pass_settings
+def get(settings: Settings, kind: str, name: str | None, space: str, output: str) -> None:
+    """Show resources of KIND (addresses, addressspaces, addressplans, ...), or one by NAME."""
+    info = _kind(kind)
+    with settings.client() as client:
+        if name:
+            resources = [
+                client.get(info, name=name, space=_space_for(info, space, verb="get NAME"))
+            ]
+        else:
+            resources = client.list(info, space=space if info.space_scoped else "")
+    print_resources(
+        make_console(), info=info, resources=resources, output=output, single=bool(name)
+    )
+
+
+@cli.command()
+@click.argument("kind")
+@click.argument("name")
+@click.option("-s", "--space", default="", help="address space of the resource")
+@click.option(
+    "--resource-version",
+    type=int,
+    default=0,
+    help="delete only if it is still at this version (from `get -o yaml`)",
+)
+@pass_settings
+def delete(settings: Settings, kind: str, name: str, space: str, resource_version: int) -> None:
+    """Delete one resource (an address space takes its addresses and users with it)."""
+    info = _kind(kind)
+    with settings.client() as client:
+        client.delete(
+            info,
+            name=name,
+            space=_space_for(info, space, verb="delete"),
+            resource_version=resource_version,
+        )
+    click.echo(f"{info.name.lower()}/{name} deleted")
+
+
+_EVENT_WORDS = {
+    config_pb2.WatchEvent.ADDED: "ADDED",
+    config_pb2.WatchEvent.MODIFIED: "MODIFIED",
+    config_pb2.WatchEvent.DELETED: "DELETED",
+}
+
+
+def event_line(event: config_pb2.WatchEvent) -> str | None:
+    """`ADDED address/orders space=demo phase=Pending`, or None for bookkeeping events."""
+    word = _EVENT_WORDS.get(event.type)
+    if word is None:
+        return None
+    message = inner(event.object)
+    parts = [f"{word:<8}", display_name(event.object)]
+    if message.metadata.space:
+        parts.append(f"space={message.metadata.space}")
+    if kind_of(event.object) in ("Address", "AddressSpace") and message.status.status.phase:
+        parts.append(f"phase={message.status.status.phase}")
+    return " ".join(parts)
+
+
+@cli.command()
+@click.argument("kind")
+@click.option("-s", "--space", default="", help="address space (all spaces when omitted)")
+@pass_settings
+def watch(settings: Settings, kind: str, space: str) -> None:
+    """Print each change of KIND as it happens (existing ones first); Ctrl-C quits."""
+    info = _kind(kind)
+    # Ctrl-C, and a polite kill, end the stream quietly, even when started with SIGINT ignored
+    # (as a shell's background job is).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    with settings.client() as client:
+        client.list(info, space=space if info.space_scoped else "")  # fail fast, with a deadline
+        try:
+            for event in client.watch(kinds=[info.name], space=space):
+                if event.type == config_pb2.WatchEvent.SYNCED:
+                    log.debug("synced", revision=event.revision)
+                if (line := event_line(event)) is not None:
+                    click.echo(line)
+        except KeyboardInterrupt:
+            return
+
+
+# ---------------------------------------------------------------- up / down / status
+
+
+def _examples_dir() -> Path | None:
+    beside_sources = Path(__file__).resolve().parents[4] / "examples"
+    env = os.environ.get("ENMASSE_EXAMPLES")
+    candidate = Path(env) if env else beside_sources
+    return candidate if candidate.is_dir() else None
+
+
+def _print_spaces_and_addresses(settings: Settings, *, server: str) -> None:
+    console = make_console()
+    with ConfigClient(server=server, timeout=settings.timeout) as client:
+        for name in ("AddressSpace", "Address"):
+            info = KINDS[name]
+            print_resources(
+                console, info=info, resources=client.list(info), output="table", single=False
+            )
+            console.out("")
+
+
+@cli.command()
+@click.option("--demo", is_flag=True, help="then apply examples/ and show what it made")
+@click.option("--examples", metavar="DIR", help="manifests for --demo (default: examples/)")
+@pass_settings
+def up(settings: Settings, demo: bool, examples: str | None) -> None:
+    """Start etcd and the config service under supervisord (again: start what is not running)."""
+    address, started = local.up(settings.var)
+    word = "started" if started else "already running"
+    click.echo(f"enmasse {word}: config service at {address} (state in {settings.var.root})")
+    if not demo:
+        return
+    folder = Path(examples) if examples else _examples_dir()
+    if folder is None:
+        raise CliError("no examples directory found: give --examples DIR")
+    server_settings = Settings(server_option=address, var=settings.var, timeout=settings.timeout)
+    apply_paths(server_settings, [str(folder)])
+    click.echo("")
+    _print_spaces_and_addresses(settings, server=address)
+
+
+@cli.command()
+@pass_settings
+def down(settings: Settings) -> None:
+    """Stop supervisord and everything it started (and nothing else). Data stays in the var dir."""
+    stopped = local.down(settings.var)
+    if not stopped:
+        click.echo(f"enmasse is not running (nothing to stop in {settings.var.root})")
+        return
+    click.echo(f"stopped: {local.stopped_text(stopped)}")
+
+
+@cli.command()
+@pass_settings
+def status(settings: Settings) -> None:
+    """Processes (state, pid, uptime), then address spaces and addresses with their phase.
+
+    Exit code 0 only when every process runs and the config service answers."""
+    if not local.running(settings.var):
+        raise CliError(f"enmasse is not running (no supervisord for {settings.var.root})")
+    rows = local.processes(settings.var)
+    console = make_console()
+    print_table(
+        console,
+        ("PROCESS", "STATE", "PID", "UPTIME"),
+        [(r.name, r.state, str(r.pid) if r.pid else "-", r.uptime) for r in rows],
+    )
+    console.out("")
+    # The config service of this var dir, not whatever $ENMASSE_SERVER names.
+    server = settings.server_option or local.config_address(settings.var)
+    _print_spaces_and_addresses(settings, server=server)
+    if any(r.state != "RUNNING" for r in rows):
+        raise SystemExit(1)
+
+
+def main() -> None:
+    cli(prog_name="enmasse")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1454 @@
+"""The AMQP 1.0 engine every EnMasse-py message-plane process runs on: one epoll loop, one thread.
+
+What flows in: bytes from sockets (listeners accept peers; `connect` dials out), calls from the
+process's own code (send, flow, settle, close, timers) and callables handed over from other threads
+(`call_soon_threadsafe`: the asyncio/gRPC admin thread). What flows out: calls on a
+`ConnectionHandler` per connection (peer opened, link attached, message arrived, outcome
+came back, credit changed, link detached, connection closed) and bytes to the sockets.
+
+Why it is built so: a router or broker written on proton's reactor (Container + MessagingHandler)
+spends most of its time creating Python wrapper objects and dispatching events, and tops out near
+5,000 messages/s per process here. This engine drives proton-c's protocol engine directly through
+its cffi binding (`cproton_ffi.lib`) on raw pointers: the loop pushes socket bytes into the
+Transport, drains proton's event collector itself (reading only event types and pointers), moves
+each complete delivery out with one `pn_link_recv` into one reused buffer, never decodes a body
+(header and `to` are read lazily by `codec` only when asked), and peeks/pops output straight from
+proton's buffers. That is 20-25 times faster than the reactor on the same machine.
+
+Threading contract: everything here runs on the engine's thread. Build listeners and connections
+before `run()` or from engine callbacks/timers; from any other thread, use
+`call_soon_threadsafe(fn)` (it wakes the loop) or `stop()`.
+
+Lifetimes: `on_connection_close` is called exactly once per connection, whoever closed it and
+however (clean close, peer's error, socket lost, garbage, idle timeout). `on_link_detach` is called
+exactly once per link that was opened (accepted by us, or opened by us), before the connection's
+close. Deliveries settle once; settling a delivery of a link or connection that has gone is a no-op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import heapq
+import itertools
+import os
+import select
+import socket
+import struct
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+import structlog
+from cproton_ffi import ffi, lib
+from enmasse.common.amqp import codec
+
+log = structlog.get_logger("enmasse.amqp")
+
+_NULL = ffi.NULL
+_RECV_CHUNK = 256 * 1024
+_SEND_CHUNK = 256 * 1024
+_MSG_BUFFER = 1024 * 1024
+_LINGER_SECONDS = 2.0
+
+_EXPIRY_NAMES = {
+    lib.PN_EXPIRE_WITH_LINK: "link-detach",
+    lib.PN_EXPIRE_WITH_SESSION: "session-end",
+    lib.PN_EXPIRE_WITH_CONNECTION: "connection-close",
+    lib.PN_EXPIRE_NEVER: "never",
+}
+_EXPIRY_CODES = {v: k for k, v in _EXPIRY_NAMES.items()}
+_DIST_NAMES = {lib.PN_DIST_MODE_COPY: "copy", lib.PN_DIST_MODE_MOVE: "move"}
+_DIST_CODES = {"copy": lib.PN_DIST_MODE_COPY, "move": lib.PN_DIST_MODE_MOVE}
+
+
+class Outcome(IntEnum):
+    """How a delivery ended. NONE: the peer settled without saying (treat as released)."""
+
+    NONE = 0
+    ACCEPTED = lib.PN_ACCEPTED
+    REJECTED = lib.PN_REJECTED
+    RELEASED = lib.PN_RELEASED
+    MODIFIED = lib.PN_MODIFIED
+
+
+_OUTCOMES = {int(o): o for o in Outcome}
+_TERMINAL = frozenset(
+    (lib.PN_ACCEPTED, lib.PN_REJECTED, lib.PN_RELEASED, lib.PN_MODIFIED),
+)
+
+
+@dataclass(frozen=True)
+class Condition:
+    """An AMQP error condition: Condition("amqp:not-found", "no address 'foo' in space 'demo'")."""
+
+    name: str
+    description: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.description}" if self.description else self.name
+
+
+@dataclass
+class Terminus:
+    """A link's source or target, as the attaching side described it.
+
+    durable: 0 none, 1 configuration, 2 unsettled-state. expiry_policy: 'link-detach',
+    'session-end', 'connection-close' or 'never'. distribution_mode: 'copy' (browse / topic
+    subscriber), 'move' (competing consumer) or None. filter: name -> value (described values as
+    proton.Described).
+    """
+
+    address: str | None = None
+    durable: int = 0
+    expiry_policy: str = "session-end"
+    timeout: int = 0
+    dynamic: bool = False
+    distribution_mode: str | None = None
+    capabilities: tuple[str, ...] = ()
+    filter: dict[str, Any] | None = None
+
+
+class ConnectionHandler:
+    """What a process does with one connection's events. Subclass; every method is optional.
+
+    One handler instance per connection (a listener calls its `handler_factory` per accepted
+    socket). All methods run on the engine thread and must not block.
+    """
+
+    def on_connection_open(self, conn: Connection) -> None:
+        """The peer's open arrived (conn.container_id, conn.remote_hostname, conn.user are set).
+        Calling conn.close(Condition(...)) here refuses the connection."""
+
+    def on_connection_close(self, conn: Connection, error: Condition | None) -> None:
+        """The connection is over: closed by either side (error None when clean) or lost
+        (peer killed, garbage bytes, idle timeout: error says which). Called exactly once."""
+
+    def on_link_attach(self, link: Link) -> None:
+        """The peer attached a link: call link.accept() or link.refuse(Condition(...)), now or
+        later."""
+
+    def on_link_open(self, link: Link) -> None:
+        """The peer answered a link we opened (dynamic addresses are now in link.address)."""
+
+    def on_link_detach(self, link: Link, *, closed: bool, error: Condition | None) -> None:
+        """An opened link ended (closed=False: detached without closing, e.g. a durable subscriber
+        going away, or its connection ended). Unsettled deliveries we sent on it are in
+        link.unsettled: their outcomes will never come."""
+
+    def on_link_credit(self, link: Link) -> None:
+        """Credit on a sending link of ours changed: send up to link.credit deliveries."""
+
+    def on_message(self, link: Link, delivery: Delivery) -> None:
+        """A complete delivery arrived on a receiving link of ours: settle it now or later."""
+
+    def on_outcome(self, link: Link, delivery: Delivery, outcome: Outcome) -> None:
+        """The peer settled a delivery we sent (delivery.context is what send() was given).
+        For REJECTED, delivery.error holds the condition; for MODIFIED, delivery.delivery_failed
+        and delivery.undeliverable_here."""
+
+
+class Delivery:
+    """One message transfer. Received: payload (bytes, never decoded) plus lazily read fields.
+    Sent: context, and once the peer settles, outcome/error/modified flags."""
+
+    # Class-level defaults: a delivery on the hot path sets only what differs (no __slots__,
+    # so the rarely used fields cost nothing until set).
+    context: Any = None
+    outcome: Outcome | None = None
+    error: Condition | None = None
+    delivery_failed = False
+    undeliverable_here = False
+    _header: codec.Header | None = None
+    _properties: codec.Properties | None = None
+
+    def __init__(self, link: Link, ptr: Any, payload: bytes, *, pre_settled: bool) -> None:
+        self.link = link
+        self._ptr = ptr
+        self.payload = payload
+        self.pre_settled = pre_settled
+        self.settled = pre_settled
+
+    # -- lazily read message fields (received deliveries) --
+
+    @property
+    def header(self) -> codec.Header:
+        if self._header is None:
+            self._header = codec.read_header(self.payload)
+        return self._header
+
+    @property
+    def durable(self) -> bool:
+        return self.header.durable
+
+    @property
+    def ttl(self) -> int | None:
+        """Milliseconds, from the header; None when the message does not expire by ttl."""
+        return self.header.ttl
+
+    @property
+    def priority(self) -> int:
+        return self.header.priority
+
+    @property
+    def delivery_count(self) -> int:
+        return self.header.delivery_count
+
+    @property
+    def properties(self) -> codec.Properties:
+        if self._properties is None:
+            self._properties = codec.read_properties(self.payload)
+        return self._properties
+
+    @property
+    def to(self) -> str | None:
+        return self.properties.to
+
+    @property
+    def reply_to(self) -> str | None:
+        return self.properties.reply_to
+
+    @property
+    def absolute_expiry_time(self) -> int | None:
+        """Milliseconds since the epoch, from the properties section."""
+        return self.properties.absolute_expiry_time
+
+    # -- settling (received deliveries) --
+
+    def settle(
+        self,
+        outcome: Outcome = Outcome.ACCEPTED,
+        *,
+        error: Condition | None = None,
+        delivery_failed: bool = False,
+        undeliverable_here: bool = False,
+    ) -> None:
+        """Tells the sender how this delivery ended and forgets it. No-op if already settled
+        (pre-settled deliveries are) or if its link has gone."""
+        if self.settled:
+            return
+        self.settled = True
+        self.outcome = outcome
+        ptr = self._ptr
+        self._ptr = None
+        link = self.link
+        if link._ptr is None or ptr is None:
+            return
+        if outcome != _ACCEPTED:
+            if outcome == Outcome.REJECTED and error is not None:
+                _set_condition(lib.pn_disposition_condition(lib.pn_delivery_local(ptr)), error)
+            elif outcome == Outcome.MODIFIED:
+                local = lib.pn_delivery_local(ptr)
+                lib.pn_disposition_set_failed(local, delivery_failed)
+                lib.pn_disposition_set_undeliverable(local, undeliverable_here)
+        if outcome:
+            _pn_delivery_update(ptr, outcome)
+        _pn_delivery_settle(ptr)
+        link._dirty.add(link.connection)
+
+    def __repr__(self) -> str:
+        return f"<Delivery {len(self.payload)} B on {self.link.name!r} settled={self.settled}>"
+
+
+class Link:
+    """A link on a connection. is_sender means WE send on it (the peer receives).
+
+    address: what the peer asked for (the source of a link we send on, the target of a link we
+    receive on), or what we asked for on links we opened. source / target: the termini.
+    context: free for the handler (routing state, queue...).
+    """
+
+    __slots__ = (
+        "_dirty",
+        "_engine",
+        "_handler",
+        "_max_message_size",
+        "_next_tag",
+        "_opened",
+        "_partial",
+        "_ptr",
+        "_receiving",
+        "_unsettled",
+        "address",
+        "connection",
+        "context",
+        "is_sender",
+        "name",
+        "peer_initiated",
+        "source",
+        "target",
+    )
+
+    def __init__(self, connection: Connection, ptr: Any, *, peer_initiated: bool) -> None:
+        self.connection = connection
+        self._ptr = ptr
+        self.name: str = ffi.string(lib.pn_link_name(ptr)).decode()
+        self.is_sender: bool = bool(lib.pn_link_is_sender(ptr))
+        self.peer_initiated = peer_initiated
+        self.context: Any = None
+        self._opened = False
+        self._receiving = False  # a receiving link that takes transfers (open, not closing)
+        self._partial: bytearray | None = None
+        self._unsettled: dict[Any, Delivery] = {}
+        self._next_tag = 1
+        self._engine = connection.engine
+        self._dirty = connection.engine._dirty
+        self._handler = connection.handler
+        self._max_message_size = connection._max_message_size if not self.is_sender else 0
+        if peer_initiated:
+            self.source = _read_terminus(lib.pn_link_remote_source(ptr))
+            self.target = _read_terminus(lib.pn_link_remote_target(ptr))
+        else:
+            self.source = _read_terminus(lib.pn_link_source(ptr))
+            self.target = _read_terminus(lib.pn_link_target(ptr))
+        self.address: str | None = self.source.address if self.is_sender else self.target.address
+
+    @property
+    def is_receiver(self) -> bool:
+        return not self.is_sender
+
+    @property
+    def credit(self) -> int:
+        return lib.pn_link_credit(self._ptr) if self._ptr is not None else 0
+
+    @property
+    def queued(self) -> int:
+        """Deliveries sent on this link that proton still buffers (not yet written out)."""
+        return lib.pn_link_queued(self._ptr) if self._ptr is not None else 0
+
+    @property
+    def unsettled(self) -> list[Delivery]:
+        """Deliveries we sent that the peer has not settled yet, in send order."""
+        return list(self._unsettled.values())
+
+    @property
+    def is_open(self) -> bool:
+        return self._opened and self._ptr is not None
+
+    @property
+    def remote_max_message_size(self) -> int:
+        return lib.pn_link_remote_max_message_size(self._ptr) if self._ptr is not None else 0
+
+    @property
+    def draining(self) -> bool:
+        """The peer asked us (sender) to use up or give back its credit (AMQP drain)."""
+        return self._ptr is not None and bool(lib.pn_link_get_drain(self._ptr))
+
+    def drained(self) -> int:
+        """Sender: we have nothing more to send now; gives back the remaining credit if the peer
+        asked to drain. Returns the credit given back."""
+        if self._ptr is None:
+            return 0
+        given_back: int = lib.pn_link_drained(self._ptr)
+        if given_back:
+            self._dirty.add(self.connection)
+        return given_back
+
+    def drain(self, credit: int) -> None:
+        """Receiver: grants credit, asks the peer to send what it has and give back the rest."""
+        if self._ptr is not None:
+            lib.pn_link_drain(self._ptr, credit)
+            self._dirty.add(self.connection)
+
+    def set_dynamic_address(self, address: str) -> None:
+        """Before accept(): the address we create for a peer that asked for a dynamic node."""
+        if self.is_sender:
+            self.source.address = address
+        else:
+            self.target.address = address
+        self.address = address
+
+    def accept(self) -> None:
+        """Answers the peer's attach: mirrors its termini (with a dynamic address if set)."""
+        ptr = self._ptr
+        if ptr is None or self._opened:
+            return
+        lib.pn_terminus_copy(lib.pn_link_source(ptr), lib.pn_link_remote_source(ptr))
+        lib.pn_terminus_copy(lib.pn_link_target(ptr), lib.pn_link_remote_target(ptr))
+        own = lib.pn_link_source(ptr) if self.is_sender else lib.pn_link_target(ptr)
+        if self.address is not None and lib.pn_terminus_is_dynamic(own):
+            lib.pn_terminus_set_address(own, self.address.encode())
+        if self._max_message_size:
+            lib.pn_link_set_max_message_size(ptr, self._max_message_size)
+        lib.pn_link_set_snd_settle_mode(ptr, lib.pn_link_remote_snd_settle_mode(ptr))
+        lib.pn_link_open(ptr)
+        self._opened = True
+        self._receiving = not self.is_sender
+        self.connection._touch()
+        if self.is_sender and lib.pn_link_credit(ptr) > 0:
+            # Credit arrived with the attach, before we said yes: its event was not passed on.
+            self.connection.engine.call_soon(self._credit_changed)
+
+    def refuse(self, error: Condition) -> None:
+        """Answers the peer's attach with no: attach with a null terminus, detach with error."""
+        ptr = self._ptr
+        if ptr is None or self._opened:
+            return
+        if self.is_sender:
+            lib.pn_terminus_copy(lib.pn_link_target(ptr), lib.pn_link_remote_target(ptr))
+            lib.pn_terminus_set_type(lib.pn_link_source(ptr), lib.PN_UNSPECIFIED)
+        else:
+            lib.pn_terminus_copy(lib.pn_link_source(ptr), lib.pn_link_remote_source(ptr))
+            lib.pn_terminus_set_type(lib.pn_link_target(ptr), lib.PN_UNSPECIFIED)
+        lib.pn_link_open(ptr)
+        _set_condition(lib.pn_link_condition(ptr), error)
+        lib.pn_link_close(ptr)
+        self.connection._touch()
+
+    def flow(self, credit: int) -> None:
+        """Gives the peer `credit` more deliveries to send us on this receiving link."""
+        if self._ptr is not None and credit > 0:
+            lib.pn_link_flow(self._ptr, credit)
+            self.connection._touch()
+
+    def send(
+        self,
+        payload: bytes,
+        *,
+        settled: bool = False,
+        context: Any = None,
+        tag: bytes | None = None,
+    ) -> Delivery:
+        """Sends one encoded message. settled=True sends it pre-settled (no outcome will come).
+
+        Use only within link.credit: proton buffers sends beyond credit until the peer grants more.
+        """
+        ptr = self._ptr
+        if ptr is None:
+            raise LinkClosed(f"link {self.name!r} is closed")
+        if tag is None:
+            # proton copies the tag at once, so one engine-wide buffer serves every send.
+            engine = self._engine
+            _pack_tag(engine._tag_view, 0, self._next_tag)
+            self._next_tag += 1
+            dptr = _pn_delivery(ptr, engine._tag)
+        else:
+            dptr = _pn_delivery(ptr, (len(tag), ffi.from_buffer(tag)))
+        _pn_link_send(ptr, payload, len(payload))
+        _pn_link_advance(ptr)
+        if settled:
+            _pn_delivery_settle(dptr)
+            delivery = Delivery(self, None, payload, pre_settled=True)
+        else:
+            delivery = Delivery(self, dptr, payload, pre_settled=False)
+            self._unsettled[dptr] = delivery
+        if context is not None:
+            delivery.context = context
+        self._dirty.add(self.connection)
+        return delivery
+
+    def close(self, error: Condition | None = None) -> None:
+        """Closes the link (detach with closed=true), with an error condition if given."""
+        self._end(error, close=True)
+
+    def detach(self, error: Condition | None = None) -> None:
+        """Detaches without closing (durable subscriptions survive a detach)."""
+        self._end(error, close=False)
+
+    def _end(self, error: Condition | None, *, close: bool) -> None:
+        ptr = self._ptr
+        if ptr is None or lib.pn_link_state(ptr) & lib.PN_LOCAL_CLOSED:
+            return
+        self._receiving = False
+        if error is not None:
+            _set_condition(lib.pn_link_condition(ptr), error)
+        if close:
+            lib.pn_link_close(ptr)
+        else:
+            lib.pn_link_detach(ptr)
+        self.connection._touch()
+
+    def _credit_changed(self) -> None:
+        if self._opened and self._ptr is not None and self.is_sender:
+            self.connection.handler.on_link_credit(self)
+
+    def __repr__(self) -> str:
+        role = "sender" if self.is_sender else "receiver"
+        return f"<Link {self.name!r} {role} address={self.address!r}>"
+
+
+class LinkClosed(Exception):
+    """send() on a link that has ended."""
+
+
+class Connection:
+    """One AMQP connection (one socket, one proton transport), incoming or outgoing."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        sock: socket.socket,
+        handler: ConnectionHandler,
+        *,
+        incoming: bool,
+        max_message_size: int = 0,
+    ) -> None:
+        self.engine = engine
+        self.handler = handler
+        self.incoming = incoming
+        self.context: Any = None
+        self.peer = ""
+        self._sock: socket.socket | None = sock
+        self._fd = sock.fileno()
+        self._max_message_size = max_message_size
+        self._ptr = lib.pn_connection()
+        self._transport = lib.pn_transport()
+        self._links: dict[Any, Link] = {}
+        self._session: Any = None
+        self._link_names = itertools.count(1)
+        self._remote_opened = False
+        self._reported = False
+        self._finalized = False
+        self._want_write = False
+        self._head_shut = False
+        self._tick_timer: Timer | None = None
+        self._open_timer: Timer | None = None
+        self._linger_timer: Timer | None = None
+        self._io_error: Condition | None = None
+        self.container_id: str | None = None
+        self.remote_hostname: str | None = None
+
+    # -- public --
+
+    @property
+    def user(self) -> str | None:
+        """The authenticated user (SASL), 'anonymous' for ANONYMOUS."""
+        if self._finalized:
+            return None
+        raw = lib.pn_transport_get_user(self._transport)
+        return ffi.string(raw).decode() if raw != _NULL else None
+
+    @property
+    def closed(self) -> bool:
+        return self._reported
+
+    @property
+    def links(self) -> list[Link]:
+        return list(self._links.values())
+
+    def open_sender(
+        self,
+        address: str | None,
+        *,
+        name: str | None = None,
+        target: Terminus | None = None,
+        settled: bool = False,
+    ) -> Link:
+        """Attaches a link we send on to `address` (None: anonymous relay, per-message `to`)."""
+        ptr = lib.pn_sender(self._ensure_session(), self._link_name(name, address))
+        _write_terminus(lib.pn_link_target(ptr), target or Terminus(address=address))
+        lib.pn_terminus_set_address(lib.pn_link_source(ptr), self.engine.container_id.encode())
+        if settled:
+            lib.pn_link_set_snd_settle_mode(ptr, lib.PN_SND_SETTLED)
+        return self._open_link(ptr)
+
+    def open_receiver(
+        self,
+        address: str | None,
+        *,
+        name: str | None = None,
+        source: Terminus | None = None,
+        credit: int = 0,
+    ) -> Link:
+        """Attaches a link we receive on from `address` (source.dynamic asks for a new node)."""
+        ptr = lib.pn_receiver(self._ensure_session(), self._link_name(name, address))
+        _write_terminus(lib.pn_link_source(ptr), source or Terminus(address=address))
+        lib.pn_terminus_set_address(lib.pn_link_target(ptr), self.engine.container_id.encode())
+        link = self._open_link(ptr)
+        if credit:
+            link.flow(credit)
+        return link
+
+    def close(self, error: Condition | None = None) -> None:
+        """Closes the connection (with an error condition if given); handlers hear of it once."""
+        if self._finalized or lib.pn_connection_state(self._ptr) & lib.PN_LOCAL_CLOSED:
+            return
+        if error is not None:
+            _set_condition(lib.pn_connection_condition(self._ptr), error)
+        if not lib.pn_connection_state(self._ptr) & lib.PN_LOCAL_ACTIVE:
+            lib.pn_connection_open(self._ptr)
+        lib.pn_connection_close(self._ptr)
+        self._touch()
+        # A peer that never answers our close must not hold the socket forever.
+        self._linger_timer = self.engine.call_later(_LINGER_SECONDS, self._abort)
+
+    def __repr__(self) -> str:
+        side = "in" if self.incoming else "out"
+        return f"<Connection {side} {self.peer} container={self.container_id!r}>"
+
+    # -- engine side --
+
+    def _touch(self) -> None:
+        self.engine._dirty.add(self)
+
+    def _link_name(self, name: str | None, address: str | None) -> bytes:
+        if name is None:
+            name = f"{self.engine.container_id}-{address or 'anonymous'}-{next(self._link_names)}"
+        return name.encode()
+
+    def _ensure_session(self) -> Any:
+        if self._session is None:
+            self._session = lib.pn_session(self._ptr)
+            lib.pn_session_open(self._session)
+        return self._session
+
+    def _open_link(self, ptr: Any) -> Link:
+        link = Link(self, ptr, peer_initiated=False)
+        self._links[ptr] = link
+        self.engine._links[ptr] = link
+        lib.pn_link_open(ptr)
+        link._opened = True
+        link._receiving = not link.is_sender
+        self._touch()
+        return link
+
+    def _abort(self) -> None:
+        """Gives up on the peer: ends the transport both ways, so the connection finalizes."""
+        if self._finalized:
+            return
+        lib.pn_transport_close_tail(self._transport)
+        lib.pn_transport_close_head(self._transport)
+        self.engine._process_events()
+        self.engine._finalize(self)
+
+
+class Timer:
+    """A callback scheduled on the engine thread; cancel() before it fires to drop it."""
+
+    __slots__ = ("cancelled", "deadline", "fn")
+
+    def __init__(self, deadline: float, fn: Callable[[], object]) -> None:
+        self.deadline = deadline
+        self.fn = fn
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+@dataclass
+class _Listener:
+    sock: socket.socket
+    handler_factory: Callable[[], ConnectionHandler]
+    max_frame_size: int | None
+    idle_timeout: float | None
+    max_message_size: int
+    sasl_mechanisms: str
+    sasl_config_path: str | None
+    sasl_config_name: str | None
+
+
+class Engine:
+    """One epoll loop over many AMQP connections. See the module docstring for the contract."""
+
+    def __init__(self, *, container_id: str | None = None) -> None:
+        self.container_id = container_id or f"enmasse-{uuid.uuid4().hex[:12]}"
+        self._epoll = select.epoll()
+        self._collector = lib.pn_collector()
+        self._listeners: dict[int, _Listener] = {}
+        self._conns: dict[int, Connection] = {}  # by socket fd
+        self._conn_by_ptr: dict[Any, Connection] = {}
+        self._links: dict[Any, Link] = {}
+        self._dirty: set[Connection] = set()
+        self._timers: list[tuple[float, int, Timer]] = []
+        self._timer_seq = itertools.count()
+        self._ready: deque[Callable[[], object]] = deque()
+        self._threadsafe: deque[Callable[[], object]] = deque()
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._epoll.register(self._wake_fd, select.EPOLLIN)
+        self._running = False
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._inbuf = ffi.new("char[]", _RECV_CHUNK)
+        self._inview = ffi.buffer(self._inbuf)
+        self._outbuf = ffi.new("char[]", _SEND_CHUNK)
+        self._outview = ffi.buffer(self._outbuf)
+        self._msgbuf = ffi.new("char[]", _MSG_BUFFER)
+        self._tag_buffer = ffi.new("char[8]")
+        self._tag_view = ffi.buffer(self._tag_buffer)
+        tag = ffi.new("pn_bytes_t*")
+        tag.size = 8
+        tag.start = self._tag_buffer
+        self._tag = tag[0]  # passed by value; reads the buffer's current bytes each time
+        self._tag_struct = tag
+
+    # -- public API --
+
+    def listen(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        handler_factory: Callable[[], ConnectionHandler],
+        max_frame_size: int | None = None,
+        idle_timeout: float | None = None,
+        max_message_size: int = 0,
+        sasl_mechanisms: str = "ANONYMOUS",
+        sasl_config_path: str | None = None,
+        sasl_config_name: str | None = None,
+    ) -> int:
+        """Listens for AMQP peers; returns the bound port (port=0 picks a free one).
+
+        idle_timeout (seconds): peers silent for that long are dropped (and a socket that never
+        completes the AMQP open within twice that). max_message_size (bytes, 0 = unlimited): a
+        larger incoming message detaches its link with amqp:link:message-size-exceeded.
+        sasl_mechanisms: space-separated, e.g. "PLAIN" with sasl_config_path/name pointing at a
+        Cyrus SASL config (`<name>.conf` naming a sasldb) to check passwords. Cyrus reads the
+        config path once per process, at the first incoming connection: every listener of a
+        process must use the same path (the name may differ).
+        """
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+        sock.setblocking(False)
+        self._listeners[sock.fileno()] = _Listener(
+            sock=sock,
+            handler_factory=handler_factory,
+            max_frame_size=max_frame_size,
+            idle_timeout=idle_timeout,
+            max_message_size=max_message_size,
+            sasl_mechanisms=sasl_mechanisms,
+            sasl_config_path=sasl_config_path,
+            sasl_config_name=sasl_config_name,
+        )
+        self._epoll.register(sock.fileno(), select.EPOLLIN)
+        bound: int = sock.getsockname()[1]
+        return bound
+
+    def stop_listening(self, port: int) -> None:
+        """Closes the listener on `port`; established connections stay."""
+        for fd, listener in list(self._listeners.items()):
+            if listener.sock.getsockname()[1] == port:
+                self._epoll.unregister(fd)
+                listener.sock.close()
+                del self._listeners[fd]
+
+    def connect(
+        self,
+        *,
+        host: str,
+        port: int,
+        handler: ConnectionHandler,
+        container_id: str | None = None,
+        user: str | None = None,
+        password: str | None = None,
+        hostname: str | None = None,
+        idle_timeout: float | None = None,
+        max_frame_size: int | None = None,
+    ) -> Connection:
+        """Dials a peer and opens an AMQP connection (SASL ANONYMOUS, or PLAIN with user/password).
+
+        Returns at once; handler.on_connection_open follows, or on_connection_close with the
+        error if the peer cannot be reached or refuses.
+        """
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        err = sock.connect_ex((host, port))
+        conn = Connection(self, sock, handler, incoming=False)
+        conn.peer = f"{host}:{port}"
+        t, c = conn._transport, conn._ptr
+        if max_frame_size:
+            lib.pn_transport_set_max_frame(t, max_frame_size)
+        if idle_timeout:
+            lib.pn_transport_set_idle_timeout(t, int(idle_timeout * 1000))
+        sasl = lib.pn_sasl(t)
+        if user is not None:
+            lib.pn_connection_set_user(c, user.encode())
+            lib.pn_connection_set_password(c, (password or "").encode())
+            lib.pn_sasl_allowed_mechs(sasl, b"PLAIN")
+            lib.pn_sasl_set_allow_insecure_mechs(sasl, True)
+        else:
+            lib.pn_sasl_allowed_mechs(sasl, b"ANONYMOUS")
+        lib.pn_connection_set_container(c, (container_id or self.container_id).encode())
+        lib.pn_connection_set_hostname(c, (hostname or host).encode())
+        self._attach(conn)
+        lib.pn_connection_open(c)
+        if err not in (0, errno.EINPROGRESS):
+            conn._io_error = Condition("proton:io", f"connect to {host}:{port}: {os.strerror(err)}")
+            self.call_soon(conn._abort)
+        else:
+            self._epoll.modify(conn._fd, select.EPOLLIN | select.EPOLLOUT)
+            conn._want_write = True
+        return conn
+
+    def call_later(self, seconds: float, fn: Callable[[], object]) -> Timer:
+        """Runs fn on the engine thread after `seconds` (engine thread only)."""
+        timer = Timer(time.monotonic() + seconds, fn)
+        heapq.heappush(self._timers, (timer.deadline, next(self._timer_seq), timer))
+        return timer
+
+    def call_soon(self, fn: Callable[[], object]) -> None:
+        """Runs fn on the engine thread at the end of this loop turn (engine thread only)."""
+        self._ready.append(fn)
+
+    def call_soon_threadsafe(self, fn: Callable[[], object]) -> None:
+        """Runs fn on the engine thread, from any thread; wakes the loop."""
+        self._threadsafe.append(fn)
+        with contextlib.suppress(OSError):  # engine closed: nothing will run it
+            os.eventfd_write(self._wake_fd, 1)
+
+    def run(self) -> None:
+        """Runs the loop on this thread until stop()."""
+        self._thread = threading.current_thread()
+        self._running = True
+        poll = self._epoll.poll
+        try:
+            while not self._stopping:
+                for fd, events in poll(self._poll_timeout()):
+                    conn = self._conns.get(fd)
+                    if conn is not None:
+                        self._on_io(conn, events)
+                    elif fd == self._wake_fd:
+                        self._drain_wakeups()
+                    elif fd in self._listeners:
+                        self._accept(self._listeners[fd])
+                self._run_timers()
+                self._run_ready()
+                self._process_events()
+                self._flush_dirty()
+        finally:
+            self._running = False
+            self._shutdown()
+
+    def run_in_thread(self, *, name: str = "amqp-engine") -> threading.Thread:
+        """Starts run() on a daemon thread and returns it."""
+        thread = threading.Thread(target=self.run, name=name, daemon=True)
+        self._thread = thread
+        thread.start()
+        return thread
+
+    def stop(self) -> None:
+        """Ends run() (from any thread); sockets are closed without AMQP close frames."""
+        self._stopping = True
+        with contextlib.suppress(OSError):
+            os.eventfd_write(self._wake_fd, 1)
+
+    @property
+    def connections(self) -> list[Connection]:
+        return list(self._conns.values())
+
+    # -- loop internals --
+
+    def _poll_timeout(self) -> float:
+        if self._ready or self._threadsafe or self._dirty:
+            return 0
+        timers = self._timers
+        while timers and timers[0][2].cancelled:
+            heapq.heappop(timers)
+        if not timers:
+            return 1.0
+        return max(0.0, min(1.0, timers[0][0] - time.monotonic()))
+
+    def _drain_wakeups(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self._wake_fd)
+
+    def _run_timers(self) -> None:
+        timers = self._timers
+        if not timers:
+            return
+        now = time.monotonic()
+        while timers and timers[0][0] <= now:
+            timer = heapq.heappop(timers)[2]
+            if not timer.cancelled:
+                self._guarded(timer.fn)
+
+    def _run_ready(self) -> None:
+        threadsafe = self._threadsafe
+        while threadsafe:
+            self._guarded(threadsafe.popleft())
+        ready = self._ready
+        for _ in range(len(ready)):
+            self._guarded(ready.popleft())
+
+    def _guarded(self, fn: Callable[[], object]) -> None:
+        try:
+            fn()
+        except Exception:
+            log.exception("engine callback failed", callback=repr(fn))
+
+    def _accept(self, listener: _Listener) -> None:
+        for _ in range(64):
+            try:
+                sock, addr = listener.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as err:
+                log.warning("accept failed", error=str(err))
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                handler = listener.handler_factory()
+            except Exception:
+                log.exception("handler factory failed; dropping connection")
+                sock.close()
+                continue
+            self._serve(sock, addr, handler, listener)
+
+    def _serve(
+        self, sock: socket.socket, addr: Any, handler: ConnectionHandler, listener: _Listener
+    ) -> None:
+        conn = Connection(
+            self, sock, handler, incoming=True, max_message_size=listener.max_message_size
+        )
+        conn.peer = f"{addr[0]}:{addr[1]}"
+        t = conn._transport
+        lib.pn_transport_set_server(t)
+        if listener.max_frame_size:
+            lib.pn_transport_set_max_frame(t, listener.max_frame_size)
+        if listener.idle_timeout:
+            lib.pn_transport_set_idle_timeout(t, int(listener.idle_timeout * 1000))
+            conn._open_timer = self.call_later(
+                2 * listener.idle_timeout, lambda: self._open_expired(conn)
+            )
+        sasl = lib.pn_sasl(t)
+        if listener.sasl_config_path:
+            lib.pn_sasl_config_path(sasl, listener.sasl_config_path.encode())
+        if listener.sasl_config_name:
+            lib.pn_sasl_config_name(sasl, listener.sasl_config_name.encode())
+        lib.pn_sasl_allowed_mechs(sasl, listener.sasl_mechanisms.encode())
+        lib.pn_sasl_set_allow_insecure_mechs(sasl, True)
+        lib.pn_connection_set_container(conn._ptr, self.container_id.encode())
+        self._attach(conn)
+
+    def _attach(self, conn: Connection) -> None:
+        lib.pn_connection_collect(conn._ptr, self._collector)
+        lib.pn_transport_bind(conn._transport, conn._ptr)
+        self._conns[conn._fd] = conn
+        self._conn_by_ptr[conn._ptr] = conn
+        self._epoll.register(conn._fd, select.EPOLLIN)
+        self._schedule_tick(conn)
+
+    def _open_expired(self, conn: Connection) -> None:
+        if not conn._remote_opened and not conn._finalized:
+            conn._io_error = Condition(
+                "amqp:resource-limit-exceeded", "no AMQP open from the peer in time"
+            )
+            conn._abort()
+
+    def _schedule_tick(self, conn: Connection) -> None:
+        if conn._finalized:
+            return
+        now_ms = int(time.monotonic() * 1000)
+        deadline = lib.pn_transport_tick(conn._transport, now_ms)
+        if conn._tick_timer is not None:
+            conn._tick_timer.cancel()
+            conn._tick_timer = None
+        if deadline:
+            conn._tick_timer = self.call_later(
+                max(0.0, (deadline - now_ms) / 1000), lambda: self._tick(conn)
+            )
+
+    def _tick(self, conn: Connection) -> None:
+        conn._tick_timer = None
+        self._schedule_tick(conn)
+        self._process_events()
+        conn._touch()
+
+    def _on_io(self, conn: Connection, events: int) -> None:
+        if events & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):
+            self._read(conn)
+        if events & select.EPOLLOUT and not conn._finalized:
+            if conn._want_write and not conn._remote_opened and not conn.incoming:
+                err = conn._sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) if conn._sock else 0
+                if err:
+                    conn._io_error = Condition(
+                        "proton:io", f"connect to {conn.peer}: {os.strerror(err)}"
+                    )
+                    conn._abort()
+                    return
+            self._dirty.add(conn)
+
+    def _read(self, conn: Connection) -> None:
+        t = conn._transport
+        capacity = lib.pn_transport_capacity(t)
+        if capacity < 0:
+            self._epoll.modify(conn._fd, select.EPOLLOUT if conn._want_write else 0)
+            self._dirty.add(conn)
+            return
+        if capacity == 0:
+            return
+        sock = conn._sock
+        assert sock is not None
+        try:
+            got = sock.recv_into(self._inview, min(capacity, _RECV_CHUNK))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as err:
+            conn._io_error = Condition("proton:io", f"connection to {conn.peer} lost: {err}")
+            got = 0
+        if got:
+            lib.pn_transport_push(t, self._inbuf, got)
+        else:
+            lib.pn_transport_close_tail(t)
+        self._process_events()
+        self._dirty.add(conn)
+
+    def _flush_dirty(self) -> None:
+        dirty = self._dirty
+        while dirty:
+            self._flush(dirty.pop())
+
+    def _flush(self, conn: Connection) -> None:
+        if conn._finalized:
+            return
+        t = conn._transport
+        sock = conn._sock
+        assert sock is not None
+        want_write = False
+        while True:
+            pending = lib.pn_transport_pending(t)
+            if pending <= 0:
+                if pending < 0 and not conn._head_shut:
+                    conn._head_shut = True
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_WR)
+                break
+            n = min(pending, _SEND_CHUNK)
+            lib.pn_transport_peek(t, self._outbuf, n)
+            try:
+                sent = sock.send(self._outview[:n])
+            except (BlockingIOError, InterruptedError):
+                want_write = True
+                break
+            except OSError as err:
+                conn._io_error = conn._io_error or Condition(
+                    "proton:io", f"connection to {conn.peer} lost: {err}"
+                )
+                lib.pn_transport_close_head(t)
+                lib.pn_transport_close_tail(t)
+                self._process_events()
+                break
+            lib.pn_transport_pop(t, sent)
+            if sent < n:
+                want_write = True
+                break
+        if lib.pn_transport_closed(t):
+            self._process_events()
+            self._finalize(conn)
+            return
+        if want_write != conn._want_write:
+            conn._want_write = want_write
+            mask = select.EPOLLOUT if want_write else 0
+            if lib.pn_transport_capacity(t) >= 0:
+                mask |= select.EPOLLIN
+            self._epoll.modify(conn._fd, mask)
+
+    # -- proton events --
+
+    def _process_events(self) -> None:
+        # The hottest loop of the process: every transfer and every disposition passes here.
+        # Module-level aliases and inlined dispatch save a Python call per event.
+        collector = self._collector
+        links_get = self._links.get
+        while True:
+            event = _pn_collector_peek(collector)
+            if not event:
+                return
+            kind = _pn_event_type(event)
+            try:
+                if kind == _PN_DELIVERY:
+                    dptr = _pn_event_delivery(event)
+                    link = links_get(_pn_delivery_link(dptr))
+                    if link is not None:
+                        if link.is_sender:
+                            self._on_update(link, dptr)
+                        elif link._receiving and _pn_delivery_readable(dptr):
+                            if _pn_delivery_partial(dptr):
+                                self._on_partial(link, dptr)
+                            else:
+                                self._on_transfer(link, dptr)
+                elif kind in _ENDPOINT_EVENTS:
+                    self._on_endpoint_event(kind, event)
+            except Exception:
+                log.exception("connection handler failed", event=kind)
+                conn = self._conn_by_ptr.get(lib.pn_event_connection(event))
+                if conn is not None:
+                    conn.close(Condition("amqp:internal-error", "internal error"))
+            _pn_collector_pop(collector)
+
+    def _on_transfer(self, link: Link, dptr: Any) -> None:
+        """A complete delivery: one recv into the reused buffer, one bytes copy, hand it over."""
+        lptr = link._ptr
+        size = _pn_delivery_pending(dptr)
+        if link._partial is not None or size > _MSG_BUFFER:
+            payload = self._recv_rest(link, dptr, size)
+            if payload is None:
+                return
+        else:
+            got = _pn_link_recv(lptr, self._msgbuf, size)
+            if got < 0 and (got != _PN_EOS or _pn_delivery_aborted(dptr)):
+                self._drop_aborted(link, dptr)
+                return
+            payload = _unpack(self._msgbuf, got) if got > 0 else b""
+            limit = link._max_message_size
+            if limit and got > limit:
+                self._refuse_size(link, got)
+                return
+        _pn_link_advance(lptr)
+        if _pn_delivery_settled(dptr):
+            _pn_delivery_settle(dptr)
+            delivery = Delivery(link, None, payload, pre_settled=True)
+        else:
+            delivery = Delivery(link, dptr, payload, pre_settled=False)
+        link._handler.on_message(link, delivery)
+
+    def _on_partial(self, link: Link, dptr: Any) -> None:
+        """Part of a large delivery: drain it now (proton's buffers stay small) and check size."""
+        if _pn_delivery_aborted(dptr):
+            self._drop_aborted(link, dptr)
+            return
+        acc = link._partial if link._partial is not None else bytearray()
+        link._partial = acc
+        acc += self._recv(link._ptr, _pn_delivery_pending(dptr))
+        limit = link._max_message_size
+        if limit and len(acc) > limit:
+            self._refuse_size(link, len(acc))
+
+    def _recv_rest(self, link: Link, dptr: Any, size: int) -> bytes | None:
+        if _pn_delivery_aborted(dptr):
+            self._drop_aborted(link, dptr)
+            return None
+        acc = link._partial if link._partial is not None else bytearray()
+        link._partial = None
+        acc += self._recv(link._ptr, size)
+        limit = link._max_message_size
+        if limit and len(acc) > limit:
+            self._refuse_size(link, len(acc))
+            return None
+        return bytes(acc)
+
+    def _recv(self, lptr: Any, size: int) -> bytes:
+        chunks = []
+        while size > 0:
+            got = _pn_link_recv(lptr, self._msgbuf, min(size, _MSG_BUFFER))
+            if got <= 0:
+                break
+            chunks.append(_unpack(self._msgbuf, got))
+            size -= got
+        return b"".join(chunks)
+
+    def _drop_aborted(self, link: Link, dptr: Any) -> None:
+        link._partial = None
+        _pn_delivery_settle(dptr)
+        _pn_link_advance(link._ptr)
+
+    def _refuse_size(self, link: Link, size: int) -> None:
+        limit = link._max_message_size
+        link._partial = None
+        link.close(
+            Condition(
+                "amqp:link:message-size-exceeded",
+                f"message of {size} bytes or more exceeds the limit of {limit} bytes",
+            )
+        )
+
+    def _on_update(self, link: Link, dptr: Any) -> None:
+        unsettled = link._unsettled
+        delivery = unsettled.get(dptr)
+        if delivery is None:
+            return
+        state = _pn_delivery_remote_state(dptr)
+        if state == _PN_ACCEPTED:
+            outcome = _ACCEPTED
+        elif state in _TERMINAL or _pn_delivery_settled(dptr):
+            outcome = _OUTCOMES.get(state, Outcome.NONE)
+            remote = lib.pn_delivery_remote(dptr)
+            if state == lib.PN_REJECTED:
+                delivery.error = _get_condition(lib.pn_disposition_condition(remote))
+            elif state == lib.PN_MODIFIED:
+                delivery.delivery_failed = bool(lib.pn_disposition_is_failed(remote))
+                delivery.undeliverable_here = bool(lib.pn_disposition_is_undeliverable(remote))
+        else:
+            return  # a non-terminal state (received): wait for the outcome
+        del unsettled[dptr]
+        delivery.outcome = outcome
+        delivery.settled = True
+        delivery._ptr = None
+        _pn_delivery_settle(dptr)
+        link._dirty.add(link.connection)
+        link._handler.on_outcome(link, delivery, outcome)
+
+    def _on_endpoint_event(self, kind: int, event: Any) -> None:
+        if kind == _PN_LINK_FLOW:
+            link = self._links.get(lib.pn_event_link(event))
+            if link is not None and link.is_sender:
+                link._credit_changed()
+            return
+        conn = self._conn_by_ptr.get(lib.pn_event_connection(event))
+        if conn is None or conn._finalized:
+            return
+        if kind == _PN_LINK_REMOTE_OPEN:
+            self._on_link_remote_open(conn, lib.pn_event_link(event))
+        elif kind in (_PN_LINK_REMOTE_CLOSE, _PN_LINK_REMOTE_DETACH):
+            link = self._links.get(lib.pn_event_link(event))
+            if link is not None:
+                self._on_link_remote_end(link, closed=kind == _PN_LINK_REMOTE_CLOSE)
+        elif kind == _PN_SESSION_REMOTE_OPEN:
+            session = lib.pn_event_session(event)
+            if lib.pn_session_state(session) & lib.PN_LOCAL_UNINIT:
+                lib.pn_session_open(session)
+        elif kind == _PN_SESSION_REMOTE_CLOSE:
+            self._on_session_remote_close(conn, lib.pn_event_session(event))
+        elif kind == _PN_CONNECTION_REMOTE_OPEN:
+            self._on_connection_remote_open(conn)
+        elif kind == _PN_CONNECTION_REMOTE_CLOSE:
+            error = _get_condition(lib.pn_connection_remote_condition(conn._ptr))
+            if not lib.pn_connection_state(conn._ptr) & lib.PN_LOCAL_CLOSED:
+                lib.pn_connection_close(conn._ptr)
+            conn._touch()
+            self._report_closed(conn, error)
+        elif kind == _PN_TRANSPORT_ERROR:
+            error = conn._io_error or _get_condition(lib.pn_transport_condition(conn._transport))
+            self._report_closed(conn, error)
+        elif kind == _PN_TRANSPORT_CLOSED:
+            conn._touch()
+        conn._touch()
+
+    def _on_connection_remote_open(self, conn: Connection) -> None:
+        c = conn._ptr
+        conn._remote_opened = True
+        if conn._open_timer is not None:
+            conn._open_timer.cancel()
+            conn._open_timer = None
+        conn.container_id = _string(lib.pn_connection_remote_container(c))
+        conn.remote_hostname = _string(lib.pn_connection_remote_hostname(c))
+        if conn.incoming and lib.pn_connection_state(c) & lib.PN_LOCAL_UNINIT:
+            lib.pn_connection_open(c)
+        self._schedule_tick(conn)  # the peer's idle timeout is known now
+        conn.handler.on_connection_open(conn)
+
+    def _on_link_remote_open(self, conn: Connection, lptr: Any) -> None:
+        link = self._links.get(lptr)
+        if link is None:
+            if not lib.pn_link_state(lptr) & lib.PN_LOCAL_UNINIT:
+                return
+            link = Link(conn, lptr, peer_initiated=True)
+            conn._links[lptr] = link
+            self._links[lptr] = link
+            if not (lib.pn_connection_state(conn._ptr) & lib.PN_LOCAL_ACTIVE):
+                return
+            conn.handler.on_link_attach(link)
+            return
+        # The peer answered one of ours; a null terminus means it refused (a detach follows).
+        remote = (
+            lib.pn_link_remote_source(lptr) if link.is_receiver else lib.pn_link_remote_target(lptr)
+        )
+        if lib.pn_terminus_get_type(remote) == lib.PN_UNSPECIFIED:
+            return
+        if link.is_receiver:
+            link.source = _read_terminus(remote)
+        else:
+            link.target = _read_terminus(remote)
+        dynamic_address = _string(lib.pn_terminus_get_address(remote))
+        if dynamic_address is not None:
+            link.address = dynamic_address
+        conn.handler.on_link_open(link)
+
+    def _on_link_remote_end(self, link: Link, *, closed: bool) -> None:
+        lptr = link._ptr
+        if lptr is None:
+            return
+        error = _get_condition(lib.pn_link_remote_condition(lptr))
+        if not lib.pn_link_state(lptr) & lib.PN_LOCAL_CLOSED:
+            if closed:
+                lib.pn_link_close(lptr)
+            else:
+                lib.pn_link_detach(lptr)
+        self._forget_link(link)
+        lib.pn_link_free(lptr)
+        if link._opened:
+            link.connection.handler.on_link_detach(link, closed=closed, error=error)
+
+    def _forget_link(self, link: Link) -> None:
+        lptr = link._ptr
+        link._ptr = None
+        link.connection._links.pop(lptr, None)
+        self._links.pop(lptr, None)
+
+    def _on_session_remote_close(self, conn: Connection, session: Any) -> None:
+        for link in list(conn._links.values()):
+            if link._ptr is not None and lib.pn_link_session(link._ptr) == session:
+                self._on_link_remote_end(link, closed=False)
+        if not lib.pn_session_state(session) & lib.PN_LOCAL_CLOSED:
+            lib.pn_session_close(session)
+        if session == conn._session:
+            conn._session = None
+
+    def _report_closed(self, conn: Connection, error: Condition | None) -> None:
+        if conn._reported:
+            return
+        conn._reported = True
+        for link in list(conn._links.values()):
+            self._forget_link(link)
+            if link._opened:
+                self._guarded(
+                    lambda link=link: conn.handler.on_link_detach(link, closed=False, error=error)
+                )
+        conn.handler.on_connection_close(conn, error)
+
+    def _finalize(self, conn: Connection) -> None:
+        if conn._finalized:
+            return
+        if not conn._reported:
+            error = conn._io_error
+            if error is None:
+                error = _get_condition(lib.pn_transport_condition(conn._transport))
+            self._guarded(lambda: self._report_closed(conn, error))
+        conn._finalized = True
+        for timer in (conn._tick_timer, conn._open_timer, conn._linger_timer):
+            if timer is not None:
+                timer.cancel()
+        self._dirty.discard(conn)
+        self._conns.pop(conn._fd, None)
+        self._conn_by_ptr.pop(conn._ptr, None)
+        if conn._sock is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._epoll.unregister(conn._fd)
+            conn._sock.close()
+            conn._sock = None
+        lib.pn_transport_unbind(conn._transport)
+        lib.pn_connection_release(conn._ptr)
+        lib.pn_decref(conn._transport)
+
+    def _shutdown(self) -> None:
+        for conn in list(self._conns.values()):
+            conn._reported = True  # the process is going away: no callbacks on the way out
+            self._finalize(conn)
+        for listener in self._listeners.values():
+            listener.sock.close()
+        self._listeners.clear()
+        self._process_events()
+        self._epoll.close()
+        os.close(self._wake_fd)
+
+
+_PN_DELIVERY = lib.PN_DELIVERY
+_PN_LINK_FLOW = lib.PN_LINK_FLOW
+_PN_LINK_REMOTE_OPEN = lib.PN_LINK_REMOTE_OPEN
+_PN_LINK_REMOTE_CLOSE = lib.PN_LINK_REMOTE_CLOSE
+_PN_LINK_REMOTE_DETACH = lib.PN_LINK_REMOTE_DETACH
+_PN_SESSION_REMOTE_OPEN = lib.PN_SESSION_REMOTE_OPEN
+_PN_SESSION_REMOTE_CLOSE = lib.PN_SESSION_REMOTE_CLOSE
+_PN_CONNECTION_REMOTE_OPEN = lib.PN_CONNECTION_REMOTE_OPEN
+_PN_CONNECTION_REMOTE_CLOSE = lib.PN_CONNECTION_REMOTE_CLOSE
+_PN_TRANSPORT_ERROR = lib.PN_TRANSPORT_ERROR
+_PN_TRANSPORT_CLOSED = lib.PN_TRANSPORT_CLOSED
+_ENDPOINT_EVENTS = frozenset(
+    (
+        _PN_LINK_FLOW,
+        _PN_LINK_REMOTE_OPEN,
+        _PN_LINK_REMOTE_CLOSE,
+        _PN_LINK_REMOTE_DETACH,
+        _PN_SESSION_REMOTE_OPEN,
+        _PN_SESSION_REMOTE_CLOSE,
+        _PN_CONNECTION_REMOTE_OPEN,
+        _PN_CONNECTION_REMOTE_CLOSE,
+        _PN_TRANSPORT_ERROR,
+        _PN_TRANSPORT_CLOSED,
+    )
+)
+
+
+# -- small conversions between proton-c structures and Python values (attach time, not hot) --
+
+
+def _string(raw: Any) -> str | None:
+    return ffi.string(raw).decode() if raw != _NULL else None
+
+
+def _set_condition(cond: Any, error: Condition) -> None:
+    lib.pn_condition_set_name(cond, error.name.encode())
+    lib.pn_condition_set_description(cond, error.description.encode())
+
+
+def _get_condition(cond: Any) -> Condition | None:
+    if cond == _NULL or not lib.pn_condition_is_set(cond):
+        return None
+    name = _string(lib.pn_condition_get_name(cond)) or ""
+    return Condition(name, _string(lib.pn_condition_get_description(cond)) or "")
+
+
+def _read_data(ptr: Any) -> Any:
+    from proton import Data
+
+    data = Data(ptr)
+    data.rewind()
+    if data.next() is None:
+        return None
+    return data.get_object()
+
+
+def _read_terminus(ptr: Any) -> Terminus:
+    caps = _read_data(lib.pn_terminus_capabilities(ptr))
+    if caps is None:
+        capabilities: tuple[str, ...] = ()
+    elif isinstance(caps, str):
+        capabilities = (str(caps),)
+    else:
+        capabilities = tuple(str(c) for c in getattr(caps, "elements", caps))
+    flt = _read_data(lib.pn_terminus_filter(ptr))
+    return Terminus(
+        address=_string(lib.pn_terminus_get_address(ptr)),
+        durable=lib.pn_terminus_get_durability(ptr),
+        expiry_policy=_EXPIRY_NAMES.get(lib.pn_terminus_get_expiry_policy(ptr), "session-end"),
+        timeout=lib.pn_terminus_get_timeout(ptr),
+        dynamic=bool(lib.pn_terminus_is_dynamic(ptr)),
+        distribution_mode=_DIST_NAMES.get(lib.pn_terminus_get_distribution_mode(ptr)),
+        capabilities=capabilities,
+        filter={str(k): v for k, v in flt.items()} if isinstance(flt, dict) else None,
+    )
+
+
+def _write_terminus(ptr: Any, terminus: Terminus) -> None:
+    from proton import Array, Data, symbol
+    from proton._data import UNDESCRIBED
+
+    if terminus.address is not None:
+        lib.pn_terminus_set_address(ptr, terminus.address.encode())
+    lib.pn_terminus_set_durability(ptr, terminus.durable)
+    lib.pn_terminus_set_expiry_policy(ptr, _EXPIRY_CODES[terminus.expiry_policy])
+    lib.pn_terminus_set_timeout(ptr, terminus.timeout)
+    lib.pn_terminus_set_dynamic(ptr, terminus.dynamic)
+    if terminus.distribution_mode is not None:
+        lib.pn_terminus_set_distribution_mode(ptr, _DIST_CODES[terminus.distribution_mode])
+    if terminus.capabilities:
+        caps = Array(UNDESCRIBED, Data.SYMBOL, *(symbol(c) for c in terminus.capabilities))
+        Data(lib.pn_terminus_capabilities(ptr)).put_object(caps)
+    if terminus.filter:
+        Data(lib.pn_terminus_filter(ptr)).put_object(
+            {symbol(k): v for k, v in terminus.filter.items()}
+        )
+
+
+# Hot-path aliases: a module global is found faster than an attribute of the cffi lib.
+_pn_collector_peek = lib.pn_collector_peek
+_pn_collector_pop = lib.pn_collector_pop
+_pn_event_type = lib.pn_event_type
+_pn_event_delivery = lib.pn_event_delivery
+_pn_delivery_link = lib.pn_delivery_link
+_pn_delivery_readable = lib.pn_delivery_readable
+_pn_delivery_partial = lib.pn_delivery_partial
+_pn_delivery_pending = lib.pn_delivery_pending
+_pn_delivery_aborted = lib.pn_delivery_aborted
+_pn_delivery_settled = lib.pn_delivery_settled
+_pn_delivery_settle = lib.pn_delivery_settle
+_pn_delivery_update = lib.pn_delivery_update
+_pn_delivery_remote_state = lib.pn_delivery_remote_state
+_pn_delivery = lib.pn_delivery
+_pn_link_recv = lib.pn_link_recv
+_pn_link_send = lib.pn_link_send
+_pn_link_advance = lib.pn_link_advance
+_unpack = ffi.unpack
+_pack_tag = struct.Struct("<Q").pack_into
+_PN_EOS = lib.PN_EOS
+_PN_ACCEPTED = lib.PN_ACCEPTED
+_ACCEPTED = Outcome.ACCEPTED

@@ -1,0 +1,675 @@
+"""The resource rules of EnMasse-py, as pure functions: no network, no store.
+
+In: one resource (or a batch of them, as an Apply or `enmasse validate` sees them) and a `Catalog`,
+the objects that already exist (plans, address spaces, addresses, messaging users). Out: a list of
+`Violation`s per resource, each naming the kind, the object, the field and the exact rule broken.
+An empty list means the resource may be written.
+
+Why pure: the config service refuses bad input with these rules, and the CLI's offline
+`enmasse validate` runs the very same ones over manifests in git, so the two can never disagree.
+The config service gives the catalog as read from etcd in one consistent snapshot; the CLI builds
+one from files.
+
+Whether a write is a create or an update is read from the catalog: an object already there under
+the same key is being updated (so its own address string and its own quota slot do not count
+against it, and a messaging user keeps its stored password hash).
+
+Each violation says whether it is a *precondition* (it names something that must exist first, a
+plan that forbids it, a quota) or plain bad input; the config service answers FAILED_PRECONDITION
+for the former and INVALID_ARGUMENT for the latter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+from enmasse.v1 import resources_pb2
+
+ADDRESS_TYPES = ("anycast", "multicast", "queue", "topic", "subscription")
+SPACE_TYPES = ("standard", "brokered")
+TYPES_BY_SPACE_TYPE = {"standard": ADDRESS_TYPES, "brokered": ("queue", "topic")}
+BROKERED_TYPES = ("queue", "topic", "subscription")
+"""The types that live on brokers; anycast and multicast only ever pass through routers."""
+OPERATIONS = ("send", "recv", "view", "manage")
+MAX_ADDRESS_LENGTH = 255
+KINDS = ("AddressSpacePlan", "AddressPlan", "AddressSpace", "Address", "MessagingUser")
+SPACE_SCOPED_KINDS = ("Address", "MessagingUser")
+
+_DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_ONEOF_BY_KIND = {
+    "AddressSpacePlan": "address_space_plan",
+    "AddressPlan": "address_plan",
+    "AddressSpace": "address_space",
+    "Address": "address",
+    "MessagingUser": "messaging_user",
+}
+_KIND_BY_ONEOF = {v: k for k, v in _ONEOF_BY_KIND.items()}
+
+AnyObject: TypeAlias = Any
+"""One of the five resource messages (AddressSpacePlan, AddressPlan, AddressSpace, Address,
+MessagingUser). Typed loosely on purpose: the messages share `metadata` and `spec` by convention,
+not by a common base class that a type checker could follow."""
+Key = tuple[str, str, str]
+"""(kind, space, name): space is empty for cluster-scoped kinds."""
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: str
+    space: str
+    name: str
+    field: str
+    message: str
+    precondition: bool = dataclasses.field(default=False, compare=False)
+
+    def __str__(self) -> str:
+        space = f"{self.space}/" if self.space else ""
+        return f"{self.kind} {space}{self.name}: {self.field}: {self.message}"
+
+
+@dataclass
+class Catalog:
+    address_space_plans: dict[str, resources_pb2.AddressSpacePlan] = field(default_factory=dict)
+    address_plans: dict[str, resources_pb2.AddressPlan] = field(default_factory=dict)
+    address_spaces: dict[str, resources_pb2.AddressSpace] = field(default_factory=dict)
+    addresses: dict[tuple[str, str], resources_pb2.Address] = field(default_factory=dict)
+    messaging_users: dict[tuple[str, str], resources_pb2.MessagingUser] = field(
+        default_factory=dict
+    )
+
+    def get(self, key: Key) -> AnyObject | None:
+        kind, space, name = key
+        table = self._table(kind)
+        return table.get((space, name) if kind in SPACE_SCOPED_KINDS else name)
+
+    def put(self, resource: resources_pb2.Resource | AnyObject) -> None:
+        """Adds or replaces an object (given bare or wrapped in a Resource)."""
+        obj = object_of(resource) if isinstance(resource, resources_pb2.Resource) else resource
+        kind, space, name = key_of(obj)
+        self._table(kind)[(space, name) if kind in SPACE_SCOPED_KINDS else name] = obj
+
+    def remove(self, key: Key) -> None:
+        kind, space, name = key
+        self._table(kind).pop((space, name) if kind in SPACE_SCOPED_KINDS else name, None)
+
+    def objects(self) -> Iterator[tuple[Key, AnyObject]]:
+        """Every object with its key, without copying."""
+        for kind in KINDS:
+            for obj in self._table(kind).values():
+                yield key_of(obj), obj
+
+    def copy(self) -> Catalog:
+        return Catalog(
+            address_space_plans=dict(self.address_space_plans),
+            address_plans=dict(self.address_plans),
+            address_spaces=dict(self.address_spaces),
+            addresses=dict(self.addresses),
+            messaging_users=dict(self.messaging_users),
+        )
+
+    def _table(self, kind: str) -> dict[Any, Any]:
+        tables: dict[str, dict[Any, Any]] = {
+            "AddressSpacePlan": self.address_space_plans,
+            "AddressPlan": self.address_plans,
+            "AddressSpace": self.address_spaces,
+            "Address": self.addresses,
+            "MessagingUser": self.messaging_users,
+        }
+        return tables[kind]
+
+
+# ------------------------------------------------------------------ resources and their kinds
+
+
+def kind_of(resource: resources_pb2.Resource | AnyObject) -> str:
+    """ "Address", "AddressSpace", ... for a Resource or for the message inside one."""
+    if isinstance(resource, resources_pb2.Resource):
+        which = resource.WhichOneof("kind")
+        if which is None:
+            raise ValueError("the resource holds no object")
+        return _KIND_BY_ONEOF[which]
+    return type(resource).DESCRIPTOR.name
+
+
+def object_of(resource: resources_pb2.Resource) -> AnyObject:
+    """The message inside a Resource (an Address, an AddressSpace, ...)."""
+    return getattr(resource, _ONEOF_BY_KIND[kind_of(resource)])
+
+
+def resource_of(obj: AnyObject) -> resources_pb2.Resource:
+    """Wraps an Address, AddressSpace, ... into a Resource (a copy)."""
+    resource = resources_pb2.Resource()
+    getattr(resource, _ONEOF_BY_KIND[kind_of(obj)]).CopyFrom(obj)
+    return resource
+
+
+def key_of(resource: resources_pb2.Resource | AnyObject) -> Key:
+    obj = object_of(resource) if isinstance(resource, resources_pb2.Resource) else resource
+    kind = kind_of(obj)
+    space = obj.metadata.space if kind in SPACE_SCOPED_KINDS else ""
+    return kind, space, obj.metadata.name
+
+
+# ------------------------------------------------------------------ the public rules
+
+
+def validate_resource(resource: resources_pb2.Resource, *, catalog: Catalog) -> list[Violation]:
+    """Every rule the resource breaks, given what exists; empty when it may be written."""
+    index = _AddressIndex(catalog.addresses.values(), plans=catalog.address_plans)
+    return _Rules(resource, references=catalog, stored=catalog, used=index, counted=index).run()
+
+
+def validate_batch(
+    resources: Sequence[resources_pb2.Resource], *, catalog: Catalog
+) -> list[list[Violation]]:
+    """One list of violations per resource, in order.
+
+    The batch's own objects count as existing (a subscription may name a topic of the same batch).
+    A refused object stops counting, and whatever leaned on it is checked again, until nothing
+    changes, so that an accepted object never names a refused one. Quotas count what exists plus
+    the accepted objects before this one, so the first ones that fit are accepted.
+    """
+    results: list[list[Violation]] = [[] for _ in resources]
+    for index in _duplicates(resources):
+        results[index].extend(_duplicate_violations(resources, index))
+    refused = {i for i, found in enumerate(results) if found}
+    while True:
+        newly = _validate_round(resources, catalog=catalog, refused=refused, results=results)
+        if not newly:
+            return results
+        refused |= newly
+
+
+def validate_delete(key: Key, *, catalog: Catalog) -> list[Violation]:
+    """Why an object may not be deleted: a plan still used by a space, an address or a plan; a
+    topic that subscriptions still read."""
+    kind, space, name = key
+    if kind == "AddressPlan":
+        return _address_plan_users(name, catalog)
+    if kind == "Address":
+        readers = sorted(
+            n
+            for (s, n), obj in catalog.addresses.items()
+            if s == space and obj.spec.type == "subscription" and obj.spec.topic == name
+        )
+        return [
+            Violation(
+                kind, space, name, "metadata.name", f"is the topic of subscription '{r}'", True
+            )
+            for r in readers
+        ]
+    if kind == "AddressSpacePlan":
+        users = sorted(s for s, obj in catalog.address_spaces.items() if obj.spec.plan == name)
+        return [
+            Violation(kind, "", name, "metadata.name", f"is used by address space '{user}'", True)
+            for user in users
+        ]
+    return []
+
+
+# ------------------------------------------------------------------ batches
+
+
+def _duplicates(resources: Sequence[resources_pb2.Resource]) -> list[int]:
+    seen: dict[tuple[str, str], list[int]] = {}
+    keys: dict[Key, list[int]] = {}
+    for i, resource in enumerate(resources):
+        if resource.WhichOneof("kind") is None:
+            continue
+        keys.setdefault(key_of(resource), []).append(i)
+        if kind_of(resource) == "Address":
+            address = resource.address
+            seen.setdefault((address.metadata.space, address.spec.address), []).append(i)
+    dup = [i for group in [*seen.values(), *keys.values()] if len(group) > 1 for i in group]
+    return sorted(set(dup))
+
+
+def _duplicate_violations(
+    resources: Sequence[resources_pb2.Resource], index: int
+) -> list[Violation]:
+    resource = resources[index]
+    kind, space, name = key_of(resource)
+    out = []
+    others = [i for i, r in enumerate(resources) if i != index and r.WhichOneof("kind")]
+    if any(key_of(resources[i]) == (kind, space, name) for i in others):
+        out.append(Violation(kind, space, name, "metadata.name", "is declared twice in this batch"))
+    if kind == "Address":
+        address = resource.address.spec.address
+        twins = [
+            resources[i].address.metadata.name
+            for i in others
+            if kind_of(resources[i]) == "Address"
+            and resources[i].address.metadata.space == space
+            and resources[i].address.spec.address == address
+            and resources[i].address.metadata.name != name
+        ]
+        if twins:
+            out.append(
+                Violation(
+                    kind,
+                    space,
+                    name,
+                    "spec.address",
+                    f"address '{address}' is declared twice in this batch (also by '{twins[0]}')",
+                )
+            )
+    return out
+
+
+def _validate_round(
+    resources: Sequence[resources_pb2.Resource],
+    *,
+    catalog: Catalog,
+    refused: set[int],
+    results: list[list[Violation]],
+) -> set[int]:
+    references = catalog.copy()
+    for i, resource in enumerate(resources):
+        if i not in refused:
+            references.put(resource)
+    plans = references.address_plans
+    used = _AddressIndex(references.addresses.values(), plans=plans)
+    counted = _AddressIndex(catalog.addresses.values(), plans=plans)
+    newly: set[int] = set()
+    for i, resource in enumerate(resources):
+        if i in refused:
+            continue
+        rules = _Rules(resource, references=references, stored=catalog, used=used, counted=counted)
+        found = rules.run()
+        if found:
+            results[i] = found
+            newly.add(i)
+        elif resource.WhichOneof("kind") == "address":
+            counted.add(resource.address)
+    return newly
+
+
+class _AddressIndex:
+    """Per address space: who uses each address string, how many addresses it holds and how
+    much broker credit they take; so that a batch of thousands is checked in linear time."""
+
+    def __init__(
+        self,
+        addresses: Iterable[resources_pb2.Address],
+        *,
+        plans: dict[str, resources_pb2.AddressPlan],
+    ) -> None:
+        self._plans = plans
+        self._holders: dict[tuple[str, str], set[str]] = {}
+        self._credits: dict[str, dict[str, float]] = {}
+        self._totals: dict[str, float] = {}
+        for address in addresses:
+            self.add(address)
+
+    def add(self, address: resources_pb2.Address) -> None:
+        space, name = address.metadata.space, address.metadata.name
+        self._holders.setdefault((space, address.spec.address), set()).add(name)
+        credit = self.credit(address.spec.plan)
+        members = self._credits.setdefault(space, {})
+        self._totals[space] = self._totals.get(space, 0.0) - members.get(name, 0.0) + credit
+        members[name] = credit
+
+    def credit(self, plan_name: str) -> float:
+        plan = self._plans.get(plan_name)
+        return plan.spec.broker if plan is not None else 0.0
+
+    def holders(self, space: str, address: str) -> set[str]:
+        return self._holders.get((space, address), set())
+
+    def count_without(self, space: str, name: str) -> int:
+        members = self._credits.get(space, {})
+        return len(members) - (1 if name in members else 0)
+
+    def credit_without(self, space: str, name: str) -> float:
+        members = self._credits.get(space, {})
+        return self._totals.get(space, 0.0) - members.get(name, 0.0)
+
+
+# ------------------------------------------------------------------ the rules themselves
+
+
+class _Rules:
+    """The checks of one resource against what exists (`references`, with `used` indexing its
+    address strings), what counts against quotas (`counted`) and what is stored (`stored`: tells
+    an update from a create)."""
+
+    def __init__(
+        self,
+        resource: resources_pb2.Resource,
+        *,
+        references: Catalog,
+        stored: Catalog,
+        used: _AddressIndex,
+        counted: _AddressIndex,
+    ) -> None:
+        self.resource = resource
+        self.references = references
+        self.stored = stored
+        self.used = used
+        self.counted = counted
+        self.found: list[Violation] = []
+        self.kind = ""
+        self.space = ""
+        self.name = ""
+
+    def run(self) -> list[Violation]:
+        if self.resource.WhichOneof("kind") is None:
+            return [Violation("Resource", "", "", "kind", "the resource holds no object")]
+        self.kind, self.space, self.name = key_of(self.resource)
+        self.obj = object_of(self.resource)
+        self.existing = self.stored.get((self.kind, self.space, self.name))
+        self._metadata()
+        getattr(self, f"_{self.kind}")()
+        return self.found
+
+    def bad(self, field_name: str, message: str, *, precondition: bool = False) -> None:
+        self.found.append(
+            Violation(self.kind, self.space, self.name, field_name, message, precondition)
+        )
+
+    def _metadata(self) -> None:
+        meta = self.obj.metadata
+        _check_label(meta.name, "metadata.name", self.bad)
+        if self.kind in SPACE_SCOPED_KINDS:
+            if not meta.space:
+                self.bad("metadata.space", "must name the address space")
+            elif meta.space not in self.references.address_spaces:
+                self.bad(
+                    "metadata.space",
+                    f"address space '{meta.space}' not found",
+                    precondition=True,
+                )
+        elif meta.space:
+            self.bad("metadata.space", f"must be empty: {self.kind} is not space-scoped")
+
+    # -- plans
+
+    def _AddressPlan(self) -> None:
+        spec = self.obj.spec
+        if spec.address_type not in ADDRESS_TYPES:
+            self.bad(
+                "spec.address_type", _not_one_of(spec.address_type, "address type", ADDRESS_TYPES)
+            )
+        if spec.address_type in BROKERED_TYPES and not spec.broker > 0:
+            self.bad(
+                "spec.broker",
+                f"must be greater than 0 for a {spec.address_type} plan (got {_num(spec.broker)})",
+            )
+        elif spec.broker < 0:
+            self.bad("spec.broker", f"must not be negative (got {_num(spec.broker)})")
+        old_type = self.existing.spec.address_type if self.existing is not None else ""
+        changed = self.existing is not None and spec.address_type != old_type
+        if changed and _address_plan_users(self.name, self.references):
+            self.bad(
+                "spec.address_type",
+                f"cannot change from '{old_type}' while the plan is in use",
+                precondition=True,
+            )
+
+    def _AddressSpacePlan(self) -> None:
+        spec = self.obj.spec
+        if spec.address_space_type not in SPACE_TYPES:
+            self.bad(
+                "spec.address_space_type",
+                _not_one_of(spec.address_space_type, "address space type", SPACE_TYPES),
+            )
+        allowed = TYPES_BY_SPACE_TYPE.get(spec.address_space_type, ADDRESS_TYPES)
+        for i, plan_name in enumerate(spec.address_plans):
+            plan = self.references.address_plans.get(plan_name)
+            if plan is None:
+                self.bad(
+                    f"spec.address_plans[{i}]",
+                    f"address plan '{plan_name}' not found",
+                    precondition=True,
+                )
+            elif plan.spec.address_type not in allowed:
+                self.bad(
+                    f"spec.address_plans[{i}]",
+                    f"address plan '{plan_name}' serves '{plan.spec.address_type}', "
+                    f"which {spec.address_space_type} address spaces do not have",
+                )
+        quotas = spec.quotas
+        for name in ("max_addresses", "max_brokers", "max_connections", "max_routers"):
+            if getattr(quotas, name) < 0:
+                self.bad(f"spec.quotas.{name}", "must not be negative (0 means unlimited)")
+
+    # -- tenant resources
+
+    def _AddressSpace(self) -> None:
+        spec = self.obj.spec
+        if spec.type not in SPACE_TYPES:
+            self.bad("spec.type", _not_one_of(spec.type, "address space type", SPACE_TYPES))
+        if self.existing is not None and spec.type != self.existing.spec.type:
+            self.bad(
+                "spec.type", f"cannot change from '{self.existing.spec.type}' to '{spec.type}'"
+            )
+        if not spec.plan:
+            self.bad("spec.plan", "must name an address space plan")
+            return
+        plan = self.references.address_space_plans.get(spec.plan)
+        if plan is None:
+            self.bad("spec.plan", f"address space plan '{spec.plan}' not found", precondition=True)
+        elif spec.type in SPACE_TYPES and plan.spec.address_space_type != spec.type:
+            self.bad(
+                "spec.plan",
+                f"address space plan '{spec.plan}' is for {plan.spec.address_space_type} "
+                f"address spaces, not {spec.type}",
+                precondition=True,
+            )
+        elif self.existing is not None and self.existing.spec.plan != spec.plan:
+            self._plan_change_fits(plan)
+
+    def _plan_change_fits(self, plan: resources_pb2.AddressSpacePlan) -> None:
+        addresses = [a for (s, _), a in self.references.addresses.items() if s == self.name]
+        for address in addresses:
+            if address.spec.plan not in plan.spec.address_plans:
+                self.bad(
+                    "spec.plan",
+                    f"address space plan '{plan.metadata.name}' does not allow address plan "
+                    f"'{address.spec.plan}' of address '{address.metadata.name}'",
+                    precondition=True,
+                )
+        limit = plan.spec.quotas.max_addresses
+        if limit and len(addresses) > limit:
+            self.bad(
+                "spec.plan",
+                f"address space plan '{plan.metadata.name}' allows {limit} addresses, "
+                f"the space has {len(addresses)}",
+                precondition=True,
+            )
+
+    def _Address(self) -> None:
+        spec = self.obj.spec
+        self._address_string(spec.address)
+        type_ok = spec.type in ADDRESS_TYPES
+        if not type_ok:
+            self.bad("spec.type", _not_one_of(spec.type, "address type", ADDRESS_TYPES))
+        if self.existing is not None and spec.type != self.existing.spec.type:
+            self.bad(
+                "spec.type", f"cannot change from '{self.existing.spec.type}' to '{spec.type}'"
+            )
+        space = self.references.address_spaces.get(self.space)
+        if space is not None and type_ok:
+            allowed = TYPES_BY_SPACE_TYPE.get(space.spec.type, ADDRESS_TYPES)
+            if spec.type not in allowed:
+                self.bad(
+                    "spec.type",
+                    f"type '{spec.type}' is not allowed in a {space.spec.type} address space "
+                    f"(allowed: {', '.join(allowed)})",
+                )
+        self._topic(spec)
+        self._address_plan(spec, space)
+        if space is not None and spec.address and len(spec.address) <= MAX_ADDRESS_LENGTH:
+            self._unique_address(spec.address)
+        if space is not None:
+            self._quotas(space)
+
+    def _address_string(self, address: str) -> None:
+        if not address:
+            self.bad("spec.address", "must not be empty")
+        elif any(c.isspace() for c in address):
+            self.bad("spec.address", f"'{address}' must not contain whitespace")
+        elif len(address) > MAX_ADDRESS_LENGTH:
+            self.bad(
+                "spec.address",
+                f"must be at most {MAX_ADDRESS_LENGTH} characters (got {len(address)})",
+            )
+
+    def _topic(self, spec: resources_pb2.AddressSpec) -> None:
+        if spec.type != "subscription":
+            if spec.topic:
+                self.bad("spec.topic", "only a subscription names a topic")
+            return
+        if not spec.topic:
+            self.bad("spec.topic", "a subscription must name its topic address")
+            return
+        topic = self.references.addresses.get((self.space, spec.topic))
+        if topic is None:
+            self.bad(
+                "spec.topic",
+                f"topic address '{spec.topic}' not found in address space '{self.space}'",
+                precondition=True,
+            )
+        elif topic.spec.type != "topic":
+            self.bad(
+                "spec.topic",
+                f"address '{spec.topic}' is of type '{topic.spec.type}', not 'topic'",
+                precondition=True,
+            )
+
+    def _address_plan(
+        self, spec: resources_pb2.AddressSpec, space: resources_pb2.AddressSpace | None
+    ) -> None:
+        if not spec.plan:
+            self.bad("spec.plan", "must name an address plan")
+            return
+        plan = self.references.address_plans.get(spec.plan)
+        if plan is None:
+            self.bad("spec.plan", f"address plan '{spec.plan}' not found", precondition=True)
+            return
+        if spec.type in ADDRESS_TYPES and plan.spec.address_type != spec.type:
+            self.bad(
+                "spec.plan",
+                f"address plan '{spec.plan}' serves type '{plan.spec.address_type}', "
+                f"not '{spec.type}'",
+                precondition=True,
+            )
+        if space is None:
+            return
+        space_plan = self.references.address_space_plans.get(space.spec.plan)
+        if space_plan is not None and spec.plan not in space_plan.spec.address_plans:
+            self.bad(
+                "spec.plan",
+                f"address plan '{spec.plan}' is not allowed by address space plan "
+                f"'{space.spec.plan}'",
+                precondition=True,
+            )
+
+    def _unique_address(self, address: str) -> None:
+        others = sorted(self.used.holders(self.space, address) - {self.name})
+        if others:
+            self.bad(
+                "spec.address",
+                f"address '{address}' is already used by address '{others[0]}' "
+                f"in address space '{self.space}'",
+                precondition=True,
+            )
+
+    def _quotas(self, space: resources_pb2.AddressSpace) -> None:
+        plan = self.references.address_space_plans.get(space.spec.plan)
+        if plan is None:
+            return
+        others = self.counted.count_without(self.space, self.name)
+        limit = plan.spec.quotas.max_addresses
+        if limit and others + 1 > limit:
+            self.bad(
+                "metadata.name",
+                f"address space '{self.space}' already has {others} addresses, the most "
+                f"its plan '{plan.metadata.name}' allows",
+                precondition=True,
+            )
+        max_brokers = plan.spec.quotas.max_brokers
+        if max_brokers:
+            need = self.counted.credit_without(self.space, self.name)
+            need += self.counted.credit(self.obj.spec.plan)
+            if need > max_brokers + 1e-6:
+                self.bad(
+                    "spec.plan",
+                    f"the addresses of address space '{self.space}' would need {_num(need)} "
+                    f"brokers, more than the {_num(max_brokers)} its plan "
+                    f"'{plan.metadata.name}' allows",
+                    precondition=True,
+                )
+
+    def _MessagingUser(self) -> None:
+        spec = self.obj.spec
+        if not spec.username:
+            self.bad("spec.username", "must not be empty")
+        elif any(c.isspace() for c in spec.username):
+            self.bad("spec.username", f"'{spec.username}' must not contain whitespace")
+        if not spec.password and (self.existing is None or not self.existing.spec.password_hash):
+            self.bad("spec.password", "is required when a messaging user is created")
+        for i, rule in enumerate(spec.authorization):
+            if not rule.addresses:
+                self.bad(f"spec.authorization[{i}].addresses", "must name at least one address")
+            for pattern in rule.addresses:
+                if not pattern or any(c.isspace() for c in pattern):
+                    self.bad(
+                        f"spec.authorization[{i}].addresses",
+                        f"'{pattern}' is not an address pattern (exact, 'prefix*' or '*')",
+                    )
+            if not rule.operations:
+                self.bad(f"spec.authorization[{i}].operations", "must name at least one operation")
+            for operation in rule.operations:
+                if operation not in OPERATIONS:
+                    self.bad(
+                        f"spec.authorization[{i}].operations",
+                        _not_one_of(operation, "operation", OPERATIONS),
+                    )
+        self._unique_username(spec.username)
+
+    def _unique_username(self, username: str) -> None:
+        for (space, name), other in self.references.messaging_users.items():
+            if space == self.space and name != self.name and other.spec.username == username:
+                self.bad(
+                    "spec.username",
+                    f"username '{username}' is already used by messaging user '{name}'",
+                    precondition=True,
+                )
+                return
+
+
+def _address_plan_users(name: str, catalog: Catalog) -> list[Violation]:
+    out = []
+    for (space, address_name), address in sorted(catalog.addresses.items()):
+        if address.spec.plan == name:
+            out.append(f"is used by address '{space}/{address_name}'")
+    for plan_name, plan in sorted(catalog.address_space_plans.items()):
+        if name in plan.spec.address_plans:
+            out.append(f"is listed by address space plan '{plan_name}'")
+    return [Violation("AddressPlan", "", name, "metadata.name", m, True) for m in out]
+
+
+def _check_label(value: str, field_name: str, bad: Callable[[str, str], None]) -> None:
+    if not value:
+        bad(field_name, "must not be empty")
+    elif len(value) > 63:
+        bad(field_name, f"must be at most 63 characters (got {len(value)})")
+    elif not _DNS_1123_LABEL.match(value):
+        bad(
+            field_name,
+            f"'{value}' is not a DNS-1123 label (lower-case letters, digits and '-', "
+            "starting and ending with a letter or digit)",
+        )
+
+
+def _not_one_of(value: str, what: str, allowed: Iterable[str]) -> str:
+    return f"'{value}' is not an {what} (one of {', '.join(allowed)})"
+
+
+def _num(value: float) -> str:
+    return f"{value:g}"

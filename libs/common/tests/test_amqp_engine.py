@@ -1,0 +1,358 @@
+"""The engine's basic path, over real loopback sockets: a tiny queue peer built on the engine
+(attach / refuse, credit, transfer, every outcome, pre-settled, detach, dynamic nodes, timers,
+cross-thread calls), driven by the engine's blocking client and by proton's own BlockingConnection.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+import pytest
+from enmasse.common.amqp import codec
+from enmasse.common.amqp.client import AmqpError
+from enmasse.common.amqp.engine import (
+    Condition,
+    Connection,
+    ConnectionHandler,
+    Delivery,
+    Engine,
+    Link,
+    Outcome,
+    Terminus,
+)
+from proton import Message
+from proton.utils import BlockingConnection, LinkDetached
+
+
+class Queues:
+    """State shared by every connection of the tiny peer: named queues and waiting consumers."""
+
+    def __init__(self, names: tuple[str, ...] = ("q",)) -> None:
+        self.messages: dict[str, deque[bytes]] = {name: deque() for name in names}
+        self.consumers: dict[str, list[Link]] = {name: [] for name in names}
+        self.seen: list[Delivery] = []
+        self.events: list[str] = []
+        self.closed: list[Condition | None] = []
+
+
+class QueuePeer(ConnectionHandler):
+    """Stores what producers send, hands it to consumers; settles by the body's instruction."""
+
+    def __init__(self, queues: Queues) -> None:
+        self.queues = queues
+
+    def on_link_attach(self, link: Link) -> None:
+        if link.source.dynamic and link.is_sender:
+            name = f"dynamic-{len(self.queues.messages)}"
+            self.queues.messages[name] = deque()
+            self.queues.consumers[name] = []
+            link.set_dynamic_address(name)
+        if link.address not in self.queues.messages:
+            link.refuse(Condition("amqp:not-found", f"no address '{link.address}' in space 'demo'"))
+            return
+        link.accept()
+        if link.is_receiver:
+            link.flow(100)
+        else:
+            self.queues.consumers[link.address].append(link)
+
+    def on_link_credit(self, link: Link) -> None:
+        pending = self.queues.messages[link.address]
+        while link.credit > 0 and pending:
+            link.send(pending.popleft())
+
+    def on_message(self, link: Link, delivery: Delivery) -> None:
+        self.queues.seen.append(delivery)
+        body = codec.read_body(delivery.payload)
+        if body == b"reject":
+            delivery.settle(Outcome.REJECTED, error=Condition("amqp:precondition-failed", "no"))
+        elif body == b"release":
+            delivery.settle(Outcome.RELEASED)
+        elif body == b"modify":
+            delivery.settle(Outcome.MODIFIED, delivery_failed=True, undeliverable_here=True)
+        elif body == b"hold":
+            pass  # the test settles it later
+        else:
+            self.queues.messages[link.address].append(delivery.payload)
+            for consumer in self.queues.consumers[link.address]:
+                self.on_link_credit(consumer)
+            delivery.settle(Outcome.ACCEPTED)
+        link.flow(1)
+
+    def on_link_detach(self, link: Link, *, closed: bool, error: Condition | None) -> None:
+        self.queues.events.append(f"detach {link.address} closed={closed}")
+        if link.is_sender:
+            self.queues.consumers[link.address].remove(link)
+
+    def on_connection_close(self, conn: Connection, error: Condition | None) -> None:
+        self.queues.closed.append(error)
+
+
+@pytest.fixture
+def queue_peer(amqp_listener):
+    queues = Queues()
+    engine, port = amqp_listener(lambda: QueuePeer(queues))
+    return queues, engine, port
+
+
+def wait_for(predicate, *, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def test_messages_sent_arrive_in_order_and_accepted(queue_peer, amqp_client):
+    _queues, _engine, port = queue_peer
+    client = amqp_client(port)
+    sender = client.sender("q")
+    outcomes = [sender.send(codec.encode_message(f"m{i}".encode())).outcome for i in range(20)]
+    receiver = client.receiver("q")
+    bodies = []
+    for _ in range(20):
+        delivery = receiver.receive()
+        bodies.append(codec.read_body(delivery.payload))
+        receiver.accept(delivery)
+    assert outcomes == [Outcome.ACCEPTED] * 20
+    assert bodies == [f"m{i}".encode() for i in range(20)]
+
+
+def test_attach_to_unknown_address_is_refused_with_exact_error(queue_peer, amqp_client):
+    _queues, _engine, port = queue_peer
+    client = amqp_client(port)
+    with pytest.raises(AmqpError) as refused:
+        client.sender("nope")
+    assert str(refused.value) == "attach refused: amqp:not-found: no address 'nope' in space 'demo'"
+    # The connection keeps serving after the refusal.
+    assert client.sender("q").send(codec.encode_message(b"ok")).outcome == Outcome.ACCEPTED
+
+
+def test_proton_client_sees_refusal_condition(queue_peer):
+    _queues, _engine, port = queue_peer
+    conn = BlockingConnection(f"127.0.0.1:{port}", timeout=5)
+    try:
+        with pytest.raises(LinkDetached, match="no address 'nope' in space 'demo'"):
+            conn.create_sender("nope")
+        conn.create_sender("q").send(Message(body="fine"))
+    finally:
+        conn.close()
+
+
+def test_every_outcome_reaches_the_sender(queue_peer, amqp_client):
+    _queues, _engine, port = queue_peer
+    sender = amqp_client(port).sender("q")
+    accepted = sender.send(codec.encode_message(b"fine"))
+    rejected = sender.send(codec.encode_message(b"reject"))
+    released = sender.send(codec.encode_message(b"release"))
+    modified = sender.send(codec.encode_message(b"modify"))
+    assert accepted.outcome == Outcome.ACCEPTED
+    assert rejected.outcome == Outcome.REJECTED
+    assert rejected.error == Condition("amqp:precondition-failed", "no")
+    assert released.outcome == Outcome.RELEASED
+    assert modified.outcome == Outcome.MODIFIED
+    assert (modified.delivery_failed, modified.undeliverable_here) == (True, True)
+
+
+def test_out_of_order_settlement_reaches_the_right_delivery(queue_peer, amqp_client):
+    queues, engine, port = queue_peer
+    sender = amqp_client(port).sender("q")
+    futures = [sender.send_async(codec.encode_message(b"hold")) for _ in range(6)]
+    assert wait_for(lambda: len(queues.seen) == 6)
+    wanted = [Outcome.ACCEPTED, Outcome.RELEASED, Outcome.REJECTED] * 2
+
+    def settle_backwards() -> None:
+        for delivery, outcome in reversed(list(zip(queues.seen, wanted, strict=True))):
+            delivery.settle(outcome)
+
+    engine.call_soon_threadsafe(settle_backwards)
+    assert [f.result(5).outcome for f in futures] == wanted
+
+
+def test_pre_settled_messages_arrive_settled(queue_peer, amqp_client):
+    queues, _engine, port = queue_peer
+    sender = amqp_client(port).sender("q", settled=True)
+    for i in range(50):
+        sender.send(codec.encode_message(str(i).encode()))
+    assert wait_for(lambda: len(queues.seen) == 50)
+    assert all(d.pre_settled for d in queues.seen)
+    assert [codec.read_body(d.payload) for d in queues.seen] == [str(i).encode() for i in range(50)]
+
+
+def test_sender_gets_only_the_credit_given(amqp_listener, amqp_client):
+    received: list[bytes] = []
+    links: list[Link] = []
+
+    class Stingy(ConnectionHandler):
+        def on_link_attach(self, link: Link) -> None:
+            link.accept()
+            link.flow(3)
+            links.append(link)
+
+        def on_message(self, link: Link, delivery: Delivery) -> None:
+            received.append(codec.read_body(delivery.payload))
+            delivery.settle()
+
+    engine, port = amqp_listener(Stingy)
+    sender = amqp_client(port).sender("any")
+    futures = [sender.send_async(codec.encode_message(str(i).encode())) for i in range(5)]
+    assert wait_for(lambda: len(received) == 3)
+    time.sleep(0.2)  # give a misbehaving engine the chance to overrun the credit
+    assert received == [b"0", b"1", b"2"]
+    engine.call_soon_threadsafe(lambda: links[0].flow(2))
+    assert [f.result(5).outcome for f in futures] == [Outcome.ACCEPTED] * 5
+    assert received == [b"0", b"1", b"2", b"3", b"4"]
+
+
+def test_header_and_to_are_read_without_decoding(queue_peer):
+    queues, _engine, port = queue_peer
+    conn = BlockingConnection(f"127.0.0.1:{port}", timeout=5)
+    try:
+        conn.create_sender("q").send(
+            Message(body="x", durable=True, ttl=1.5, address="q", priority=7, delivery_count=2)
+        )
+    finally:
+        conn.close()
+    delivery = queues.seen[0]
+    assert (delivery.durable, delivery.ttl, delivery.priority) == (True, 1500, 7)
+    assert (delivery.delivery_count, delivery.to) == (2, "q")
+
+
+def test_consumer_receives_from_proton_sender(queue_peer, amqp_client):
+    _queues, _engine, port = queue_peer
+    conn = BlockingConnection(f"127.0.0.1:{port}", timeout=5)
+    try:
+        sender = conn.create_sender("q")
+        for i in range(5):
+            sender.send(Message(body=f"p{i}"))
+    finally:
+        conn.close()
+    receiver = amqp_client(port).receiver("q")
+    got = [codec.read_body(receiver.receive().payload) for _ in range(5)]
+    assert got == [f"p{i}" for i in range(5)]
+
+
+def test_dynamic_receiver_gets_the_address_the_peer_made(queue_peer, amqp_client):
+    _queues, _engine, port = queue_peer
+    client = amqp_client(port)
+    receiver = client.receiver(None, source=Terminus(dynamic=True))
+    assert receiver.address == "dynamic-1"
+    client.sender("dynamic-1").send(codec.encode_message(b"to the temp queue"))
+    assert codec.read_body(receiver.receive().payload) == b"to the temp queue"
+
+
+def test_closing_links_and_connection_is_reported_once(queue_peer, amqp_client):
+    queues, _engine, port = queue_peer
+    client = amqp_client(port)
+    client.sender("q").close()
+    client.receiver("q").detach()
+    client.close()
+    assert wait_for(lambda: len(queues.closed) == 1)
+    assert queues.events == ["detach q closed=True", "detach q closed=False"]
+    assert queues.closed == [None]
+
+
+def test_link_closed_by_peer_with_error_is_seen_by_client(amqp_listener, amqp_client):
+    class Closer(ConnectionHandler):
+        def on_link_attach(self, link: Link) -> None:
+            link.accept()
+            link.flow(10)
+
+        def on_message(self, link: Link, delivery: Delivery) -> None:
+            link.close(Condition("amqp:resource-deleted", "address 'q' was deleted"))
+
+    _engine, port = amqp_listener(Closer)
+    sender = amqp_client(port).sender("q")
+    with pytest.raises(AmqpError, match="amqp:resource-deleted: address 'q' was deleted"):
+        sender.send(codec.encode_message(b"x"))
+
+
+def test_timers_run_in_order_and_cancelled_ones_do_not():
+    engine = Engine()
+    fired: list[str] = []
+    done = threading.Event()
+
+    def schedule() -> None:
+        engine.call_later(0.05, lambda: fired.append("b"))
+        engine.call_later(0.01, lambda: fired.append("a"))
+        engine.call_later(0.03, lambda: fired.append("never")).cancel()
+        engine.call_later(0.1, done.set)
+
+    thread = engine.run_in_thread()
+    try:
+        engine.call_soon_threadsafe(schedule)
+        assert done.wait(5)
+        assert fired == ["a", "b"]
+    finally:
+        engine.stop()
+        thread.join(5)
+
+
+def test_call_soon_threadsafe_runs_everything_on_the_engine_thread():
+    engine = Engine()
+    seen: list[tuple[int, str]] = []
+    thread = engine.run_in_thread(name="the-engine")
+    try:
+
+        def feed(start: int) -> None:
+            for i in range(start, start + 100):
+                engine.call_soon_threadsafe(
+                    lambda i=i: seen.append((i, threading.current_thread().name))
+                )
+
+        feeders = [threading.Thread(target=feed, args=(n * 100,)) for n in range(4)]
+        for feeder in feeders:
+            feeder.start()
+        for feeder in feeders:
+            feeder.join()
+        assert wait_for(lambda: len(seen) == 400)
+        assert sorted(i for i, _ in seen) == list(range(400))
+        assert {name for _, name in seen} == {"the-engine"}
+    finally:
+        engine.stop()
+        thread.join(5)
+
+
+def test_connect_to_closed_port_reports_error(amqp_listener):
+    engine, port = amqp_listener(ConnectionHandler)
+    engine.call_soon_threadsafe(lambda: engine.stop_listening(port))
+    time.sleep(0.1)
+    errors: list[Condition | None] = []
+    done = threading.Event()
+
+    class Dialer(ConnectionHandler):
+        def on_connection_close(self, conn: Connection, error: Condition | None) -> None:
+            errors.append(error)
+            done.set()
+
+    engine.call_soon_threadsafe(
+        lambda: engine.connect(host="127.0.0.1", port=port, handler=Dialer())
+    )
+    assert done.wait(5)
+    assert errors[0] is not None
+    assert "Connection refused" in errors[0].description
+
+
+def test_drain_gives_back_unused_credit(amqp_listener, amqp_client):
+    drained: list[int] = []
+
+    class OneThenDrain(ConnectionHandler):
+        def on_link_attach(self, link: Link) -> None:
+            link.accept()
+
+        def on_link_credit(self, link: Link) -> None:
+            if link.credit and not drained:
+                link.send(codec.encode_message(b"only one"))
+            if link.draining:
+                drained.append(link.drained())
+
+    _engine, port = amqp_listener(OneThenDrain)
+    client = amqp_client(port)
+    receiver = client.receiver("q", credit=0)
+    client._call(lambda: receiver.link.drain(10))
+    assert codec.read_body(receiver.receive().payload) == b"only one"
+    assert wait_for(lambda: drained == [9])
+    assert wait_for(lambda: client._call(lambda: receiver.link.credit) == 0)

@@ -1,0 +1,374 @@
+"""The broker's domain root: owns queues, topics, the journal and the address catalog.
+
+What flows in: admin changes (ensure/delete queue or topic), published messages (`publish`),
+subscriptions (`subscribe`/`unsubscribe`), the clock (`reap`). What flows out: entries into queues
+(and from there to consumers), journal records, catalog writes, and the answer to "may the producer
+be settled now?": `publish` returns True when the broker already owns the message (in memory), or
+False when the producer must wait for `on_owned` (called after the group commit's fsync).
+
+Every entry that leaves a queue comes back here (`_removed`): a journaled one is acknowledged in the
+journal; a dead letter (rejected, or out of attempts) moves to the plan's dead-letter address; an
+expired one moves to the plan's expiry address or is dropped. No network here: tests drive it
+directly, the AMQP handler and the admin servicer sit on top.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+from enmasse.broker.catalog import Catalog, CatalogData
+from enmasse.broker.entry import Entry, Removal
+from enmasse.broker.journal import Journal, Recovered
+from enmasse.broker.plan import Plan
+from enmasse.broker.queue import MemoryBudget, Queue
+from enmasse.broker.topic import SEPARATOR, Subscription, Topic
+
+log = structlog.get_logger(__name__)
+
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/#]{0,254}")
+
+
+class AddressError(Exception):
+    """A refused request, in the words the user sees (AMQP condition text, gRPC details)."""
+
+
+class InvalidName(AddressError):
+    pass
+
+
+class NotFound(AddressError):
+    pass
+
+
+class Conflict(AddressError):
+    pass
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot be a queue or topic name, or None when it can."""
+    if not name:
+        return "address name must not be empty"
+    if SEPARATOR in name:
+        return f"address name {name!r} must not contain {SEPARATOR!r} (reserved for subscriptions)"
+    if not _NAME.fullmatch(name):
+        return (
+            f"address name {name!r} is invalid: 1-255 characters of letters, digits and _ . - / #, "
+            "not starting with a punctuation mark"
+        )
+    return None
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Broker:
+    def __init__(
+        self,
+        *,
+        data_dir: Path | None = None,
+        memory_limit_bytes: int = 0,
+        segment_bytes: int = 64 << 20,
+    ) -> None:
+        self.budget = MemoryBudget(memory_limit_bytes)
+        self.queues: dict[str, Queue] = {}
+        self.topics: dict[str, Topic] = {}
+        self.journal = (
+            Journal(data_dir / "journal", segment_bytes=segment_bytes) if data_dir else None
+        )
+        self._catalog = Catalog(data_dir / "addresses.json" if data_dir else None)
+        self._next_id = 1
+        self._room_waiters: list[Callable[[], None]] = []
+        # Set by the AMQP side: hand new messages to consumers once per loop turn, in a batch,
+        # instead of once per message. Unset (tests of the domain): dispatch at once.
+        self.dispatch_later: Callable[[Queue], None] | None = None
+        self.recovered = Recovered()
+
+    # ------------------------------------------------------------------ start
+
+    def start(self) -> Recovered:
+        """Loads the catalog, then replays the journal into the queues, in id order."""
+        data = self._catalog.load()
+        for name, plan in data.queues.items():
+            self.queues[name] = self._new_queue(name, plan)
+        for name, plan in data.topics.items():
+            topic = self._new_topic(name, plan)
+            for identity in data.durable_subscriptions.get(name, []):
+                topic.subscribe(identity=identity, durable=True)
+        if self.journal is None:
+            return self.recovered
+        self.recovered = self.journal.recover()
+        self._next_id = self.recovered.next_id
+        for queue_name, messages in self.recovered.messages.items():
+            queue = self.find_queue(queue_name)
+            for msg_id, payload, expires_at in messages:
+                if queue is None:
+                    self.journal.ack(msg_id=msg_id, queue=queue_name)
+                    continue
+                queue.enqueue(
+                    Entry(id=msg_id, payload=payload, journaled=True, expires_at=expires_at)
+                )
+            if queue is None:
+                log.warning("journal held messages of a queue that is gone", queue=queue_name)
+        self.journal.commit()
+        return self.recovered
+
+    def close(self) -> None:
+        if self.journal is not None:
+            self.journal.close()
+
+    # ------------------------------------------------------------------ admin
+
+    def ensure_queue(self, name: str, plan: Plan) -> Queue:
+        self._check(name, plan)
+        if name in self.topics:
+            raise Conflict(f"{name!r} is a topic on this broker, not a queue")
+        queue = self.queues.get(name)
+        if queue is None:
+            queue = self.queues[name] = self._new_queue(name, plan)
+        queue.plan = plan
+        self._save_catalog()
+        return queue
+
+    def ensure_topic(self, name: str, plan: Plan) -> Topic:
+        self._check(name, plan)
+        if name in self.queues:
+            raise Conflict(f"{name!r} is a queue on this broker, not a topic")
+        topic = self.topics.get(name)
+        if topic is None:
+            topic = self._new_topic(name, plan)
+        topic.plan = plan
+        for sub in topic.subscriptions.values():
+            sub.queue.plan = plan
+        self._save_catalog()
+        return topic
+
+    def delete_queue(self, name: str) -> int:
+        queue = self.queues.pop(name, None)
+        if queue is None:
+            raise NotFound(f"no queue {name!r} on this broker")
+        gone = queue.purge()
+        self._save_catalog()
+        return gone
+
+    def delete_topic(self, name: str) -> int:
+        topic = self.topics.pop(name, None)
+        if topic is None:
+            raise NotFound(f"no topic {name!r} on this broker")
+        gone = 0
+        for identity, sub in list(topic.subscriptions.items()):
+            gone += sub.queue.depth
+            topic.unsubscribe(identity)
+        self._save_catalog()
+        return gone
+
+    def _check(self, name: str, plan: Plan) -> None:
+        problem = name_problem(name)
+        if problem:
+            raise InvalidName(problem)
+        problems = plan.problems()
+        if problems:
+            raise InvalidName("; ".join(problems))
+
+    def _new_queue(self, name: str, plan: Plan) -> Queue:
+        return Queue(name=name, plan=plan, budget=self.budget, on_removed=self._removed)
+
+    def _new_topic(self, name: str, plan: Plan) -> Topic:
+        topic = Topic(name=name, plan=plan, budget=self.budget, on_removed=self._removed)
+        self.topics[name] = topic
+        return topic
+
+    def _save_catalog(self) -> None:
+        self._catalog.save(
+            CatalogData(
+                queues={n: q.plan for n, q in self.queues.items()},
+                topics={n: t.plan for n, t in self.topics.items()},
+                durable_subscriptions={
+                    n: [i for i, s in t.subscriptions.items() if s.durable]
+                    for n, t in self.topics.items()
+                },
+            )
+        )
+
+    # ------------------------------------------------------------------ lookups
+
+    def find_queue(self, address: str) -> Queue | None:
+        """A queue by name, or a subscription queue by `<topic>::<identity>`."""
+        queue = self.queues.get(address)
+        if queue is not None or SEPARATOR not in address:
+            return queue
+        topic_name, identity = address.split(SEPARATOR, 1)
+        topic = self.topics.get(topic_name)
+        sub = topic.subscriptions.get(identity) if topic else None
+        return sub.queue if sub else None
+
+    def subscribe(self, topic_name: str, *, identity: str, durable: bool) -> Subscription:
+        topic = self.topics.get(topic_name)
+        if topic is None:
+            raise NotFound(f"no topic {topic_name!r} on this broker")
+        sub, created = topic.subscribe(identity=identity, durable=durable)
+        if created and durable:
+            self._save_catalog()
+        return sub
+
+    def unsubscribe(self, topic_name: str, identity: str) -> None:
+        topic = self.topics.get(topic_name)
+        sub = topic.unsubscribe(identity) if topic else None
+        if sub is not None and sub.durable:
+            self._save_catalog()
+
+    # ------------------------------------------------------------------ messages
+
+    def has_room(self, address: str) -> bool:
+        target = self.queues.get(address) or self.topics.get(address)
+        return target.has_room() if target is not None else False
+
+    def when_room(self, callback: Callable[[], None]) -> None:
+        """Calls `callback` once memory was freed (a producer waits for credit)."""
+        self._room_waiters.append(callback)
+
+    def publish(
+        self,
+        address: str,
+        *,
+        payload: bytes,
+        durable: bool = False,
+        ttl_ms: int | None = None,
+        absolute_expiry_ms: int | None = None,
+        on_owned: Callable[[], None] | None = None,
+        now: int | None = None,
+    ) -> bool:
+        """Takes a message for a queue or topic. True: owned now. False: `on_owned` after fsync.
+
+        Raises NotFound for an unknown address (the handler refuses such links at attach already).
+        """
+        queue = self.queues.get(address)
+        topic = None
+        if queue is None:
+            topic = self.topics.get(address)
+            if topic is None:
+                raise NotFound(f"no queue or topic {address!r} on this broker")
+            plan = topic.plan
+        else:
+            plan = queue.plan
+        expires_at = 0
+        if ttl_ms or absolute_expiry_ms or plan.default_ttl_ms:
+            now = now if now is not None else now_ms()
+            expires_at = _deadline(now, ttl_ms, absolute_expiry_ms, plan.default_ttl_ms)
+            if expires_at <= now:
+                return True  # already dead: owned and dropped, never delivered
+        msg_id = self._next_id
+        self._next_id += 1
+        journaled_to: list[str] = []
+        if queue is not None:
+            journaled = durable and plan.persistent and self.journal is not None
+            queue.enqueue(
+                Entry(id=msg_id, payload=payload, journaled=journaled, expires_at=expires_at)
+            )
+            if journaled:
+                journaled_to.append(queue.name)
+            self._dispatch(queue)
+        else:
+            assert topic is not None
+            fanned = topic.fan_out(
+                id=msg_id,
+                payload=payload,
+                durable=durable and self.journal is not None,
+                expires_at=expires_at,
+            )
+            journaled_to = [q.name for q, e in fanned if e.journaled]
+            for q, _ in fanned:
+                self._dispatch(q)
+        if not journaled_to:
+            return True
+        assert self.journal is not None
+        self.journal.enqueue(
+            msg_id=msg_id, queues=journaled_to, payload=payload, expires_at=expires_at
+        )
+        if on_owned is not None:
+            self.journal.after_commit(on_owned)
+        return False
+
+    def _dispatch(self, queue: Queue) -> None:
+        if self.dispatch_later is not None:
+            self.dispatch_later(queue)
+        else:
+            queue.dispatch(now_ms())
+
+    def _removed(self, queue: Queue, entry: Entry, reason: Removal) -> None:
+        if entry.journaled and self.journal is not None:
+            self.journal.ack(msg_id=entry.id, queue=queue.name)
+        if reason is Removal.DEAD_LETTERED:
+            self._move(
+                entry, from_queue=queue, to=queue.plan.dead_letter_address, why="dead letter"
+            )
+        elif reason is Removal.EXPIRED and queue.plan.expiry_address:
+            self._move(entry, from_queue=queue, to=queue.plan.expiry_address, why="expired")
+        if self._room_waiters and self.budget.has_room():
+            self._wake_room_waiters()
+
+    def _move(self, entry: Entry, *, from_queue: Queue, to: str, why: str) -> None:
+        target = self.queues.get(to) if to else None
+        if target is None or target is from_queue:
+            log.warning("message dropped", queue=from_queue.name, reason=why, target=to or None)
+            return
+        moved = Entry(
+            id=self._next_id,
+            payload=entry.payload,
+            journaled=entry.journaled and target.plan.persistent,
+            delivery_count=entry.delivery_count,
+        )
+        self._next_id += 1
+        target.enqueue(moved)
+        target.dispatch(now_ms())
+        if moved.journaled and self.journal is not None:
+            self.journal.enqueue(
+                msg_id=moved.id, queues=[target.name], payload=moved.payload, expires_at=0
+            )
+
+    def _wake_room_waiters(self) -> None:
+        waiters, self._room_waiters = self._room_waiters, []
+        for waiter in waiters:
+            waiter()
+
+    def wake_if_room(self) -> None:
+        if self._room_waiters:
+            self._wake_room_waiters()
+
+    def reap(self, now: int | None = None) -> int:
+        """Expires every overdue ready message of every queue, without waiting for consumers."""
+        now = now if now is not None else now_ms()
+        reaped = 0
+        for queue in self.all_queues():
+            reaped += queue.reap(now)
+        if reaped:
+            for queue in self.all_queues():
+                queue.dispatch(now)  # expiry addresses may have consumers waiting
+        return reaped
+
+    def all_queues(self) -> list[Queue]:
+        found = list(self.queues.values())
+        for topic in self.topics.values():
+            found.extend(sub.queue for sub in topic.subscriptions.values())
+        return found
+
+    def commit(self) -> None:
+        """Group commit: one fsync for every journal record since the last one, then settle."""
+        if self.journal is not None and self.journal.pending:
+            self.journal.commit()
+
+
+def _deadline(now: int, ttl_ms: int | None, absolute_ms: int | None, default_ttl_ms: int) -> int:
+    """The wall-clock ms at which a message expires (0 = never): the earliest of what applies."""
+    candidates = []
+    if ttl_ms:
+        candidates.append(now + ttl_ms)
+    elif default_ttl_ms:
+        candidates.append(now + default_ttl_ms)
+    if absolute_ms:
+        candidates.append(absolute_ms)
+    return min(candidates) if candidates else 0

@@ -1,0 +1,61 @@
+"""One message as a queue holds it: the encoded AMQP bytes (never decoded) plus the few facts the
+broker acts on, read once from the header section when the message arrived.
+
+A topic publishes one entry per subscription queue; they share `id` and `payload` bytes (no copy).
+`id` orders messages (FIFO, recovery) and keys the journal records of a durable message.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class State(enum.IntEnum):
+    READY = 0  # waiting in the queue
+    IN_FLIGHT = 1  # sent to a consumer, not yet settled
+    GONE = 2  # acknowledged, expired, dead-lettered, drained or deleted
+
+
+class Removal(enum.Enum):
+    """Why an entry left its queue: what the broker does next depends on it."""
+
+    ACKED = "acked"
+    EXPIRED = "expired"
+    DEAD_LETTERED = "dead-lettered"
+    DRAINED = "drained"
+    DELETED = "deleted"
+
+
+class Entry:
+    __slots__ = (
+        "delivery_count",
+        "expires_at",
+        "failed_attempts",
+        "id",
+        "journaled",
+        "payload",
+        "state",
+    )
+
+    def __init__(
+        self,
+        *,
+        id: int,
+        payload: bytes,
+        journaled: bool = False,
+        expires_at: int = 0,
+        delivery_count: int = 0,
+    ) -> None:
+        self.id = id
+        self.payload = payload
+        self.journaled = journaled  # durable header on a persistent queue: in the journal
+        self.expires_at = expires_at  # wall-clock ms since the epoch; 0 = never
+        self.delivery_count = delivery_count  # what the consumer sees in the header
+        self.failed_attempts = 0  # modified(delivery-failed) outcomes: counts to the DLQ
+        self.state = State.READY
+
+    def __repr__(self) -> str:
+        return f"Entry(id={self.id}, state={self.state.name}, delivery_count={self.delivery_count})"
+
+    def expired(self, now_ms: int) -> bool:
+        return 0 < self.expires_at <= now_ms

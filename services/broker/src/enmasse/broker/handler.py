@@ -1,0 +1,298 @@
+"""The broker's AMQP side, on the shared engine (`enmasse.common.amqp.engine`).
+
+What flows in: engine events per connection: a peer attaches a link (to send to a queue or topic,
+or to receive from one), a message arrives, credit arrives, an outcome comes back, a link or the
+connection ends. What flows out: calls on the `Broker` domain, and back to the peers: credit,
+deliveries, settlements, refusals with AMQP conditions.
+
+Why it is built so: the domain (queue, topic, journal) knows nothing of AMQP; this module maps one
+onto the other and does no per-message work beyond that mapping. A producer's delivery is settled
+ACCEPTED when the broker owns it: at once when it lives in memory, or from the journal's group
+commit callback once its record is fsync'd (`Endpoint` schedules one commit per loop turn, so a
+single fsync covers every delivery that arrived in that turn). Producers get credit in windows,
+topped up only while the target has room: at the memory limit they simply wait. Bad input
+(unknown address, anonymous or dynamic targets, undecodable headers) is refused on that link
+alone; the engine already closes connections that send garbage or go silent, and detaches links
+whose message exceeds the size limit (amqp:link:message-size-exceeded).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import structlog
+from enmasse.broker.broker import Broker, NotFound, now_ms
+from enmasse.broker.config import Settings
+from enmasse.broker.entry import Entry
+from enmasse.broker.queue import Queue, Settlement
+from enmasse.broker.topic import durable_identity
+from enmasse.common.amqp import codec
+from enmasse.common.amqp.engine import (
+    Condition,
+    Connection,
+    ConnectionHandler,
+    Delivery,
+    Engine,
+    Link,
+    Outcome,
+    Timer,
+)
+
+log = structlog.get_logger(__name__)
+
+NOT_FOUND = "amqp:not-found"
+NOT_IMPLEMENTED = "amqp:not-implemented"
+DECODE_ERROR = "amqp:decode-error"
+
+
+class Endpoint:
+    """What every connection of the broker shares: the domain, the engine, group commit, reaper."""
+
+    def __init__(self, *, engine: Engine, broker: Broker, settings: Settings) -> None:
+        self.engine = engine
+        self.broker = broker
+        self.settings = settings
+        self._commit_scheduled = False
+        self._to_dispatch: set[Queue] = set()
+        self._reaper: Timer | None = None
+        broker.dispatch_later = self.dispatch_later
+
+    def listen(self) -> int:
+        port = self.engine.listen(
+            host=self.settings.host,
+            port=self.settings.port,
+            handler_factory=lambda: BrokerConnection(self),
+            max_message_size=self.settings.max_message_size,
+            idle_timeout=self.settings.idle_timeout or None,
+        )
+        self._reaper = self.engine.call_later(self.settings.reap_interval, self._reap)
+        return port
+
+    def schedule_commit(self) -> None:
+        """One fsync per loop turn, after every delivery that arrived in it was journaled."""
+        if not self._commit_scheduled:
+            self._commit_scheduled = True
+            self.engine.call_soon(self._commit)
+
+    def dispatch_later(self, queue: Queue) -> None:
+        """New messages go out once per loop turn, in one batch per queue."""
+        if not self._to_dispatch:
+            self.engine.call_soon(self._dispatch)
+        self._to_dispatch.add(queue)
+
+    def _dispatch(self) -> None:
+        queues, self._to_dispatch = self._to_dispatch, set()
+        now = now_ms()
+        for queue in queues:
+            queue.dispatch(now)
+
+    def _commit(self) -> None:
+        self._commit_scheduled = False
+        self.broker.commit()
+
+    def _reap(self) -> None:
+        reaped = self.broker.reap()
+        if reaped:
+            log.info("messages expired", count=reaped)
+            self.schedule_commit()  # the acks of expired journaled messages
+        self._reaper = self.engine.call_later(self.settings.reap_interval, self._reap)
+
+
+class LinkConsumer:
+    """A consumer as the queue sees it: a sending link of ours and its credit."""
+
+    __slots__ = ("browse", "link", "queue", "subscription")
+
+    def __init__(self, link: Link, queue: Queue, *, browse: bool, subscription: str | None) -> None:
+        self.link = link
+        self.queue = queue
+        self.browse = browse
+        self.subscription = subscription  # topic subscriptions: (topic, identity) bookkeeping
+
+    def credit(self) -> int:
+        return self.link.credit
+
+    def deliver(self, entry: Entry) -> None:
+        payload = entry.payload
+        if entry.delivery_count:
+            payload = codec.with_delivery_count(payload, entry.delivery_count)
+        # Browsing is a look, not a hand-over: pre-settled, nothing to acknowledge.
+        self.link.send(payload, settled=self.browse, context=entry)
+
+
+class Producer:
+    """A receiving link of ours: where its messages go and whether it waits for room."""
+
+    __slots__ = ("address", "link", "waiting")
+
+    def __init__(self, link: Link, address: str) -> None:
+        self.link = link
+        self.address = address
+        self.waiting = False
+
+
+def settlement_of(delivery: Delivery, outcome: Outcome) -> Settlement:
+    if outcome == Outcome.ACCEPTED:
+        return Settlement.ACCEPTED
+    if outcome == Outcome.REJECTED:
+        return Settlement.REJECTED
+    if outcome == Outcome.MODIFIED:
+        return Settlement.FAILED if delivery.delivery_failed else Settlement.MODIFIED
+    return Settlement.RELEASED  # released, or settled without an outcome
+
+
+class BrokerConnection(ConnectionHandler):
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.broker = endpoint.broker
+        self.window = endpoint.settings.credit_window
+        self.container_id = ""
+
+    def on_connection_open(self, conn: Connection) -> None:
+        self.container_id = conn.container_id or ""
+        log.debug("connection opened", peer=conn.peer, container=self.container_id)
+
+    def on_connection_close(self, conn: Connection, error: Condition | None) -> None:
+        if error is not None:
+            log.info("connection closed", peer=conn.peer, error=str(error))
+
+    # ------------------------------------------------------------------ attach / detach
+
+    def on_link_attach(self, link: Link) -> None:
+        if link.is_sender:
+            self._attach_consumer(link)
+        else:
+            self._attach_producer(link)
+
+    def _attach_producer(self, link: Link) -> None:
+        address = link.address
+        if link.target.dynamic or not address:
+            link.refuse(Condition(NOT_IMPLEMENTED, "the broker needs a target address"))
+            return
+        if address not in self.broker.queues and address not in self.broker.topics:
+            link.refuse(Condition(NOT_FOUND, f"no queue or topic {address!r} on this broker"))
+            return
+        producer = Producer(link, address)
+        link.context = producer
+        link.accept()
+        self._top_up(producer)
+
+    def _attach_consumer(self, link: Link) -> None:
+        address = link.address
+        source = link.source
+        if source.dynamic or not address:
+            link.refuse(Condition(NOT_IMPLEMENTED, "the broker needs a source address"))
+            return
+        subscription = None
+        if address in self.broker.topics:
+            durable = source.durable > 0 and source.expiry_policy == "never"
+            if durable:
+                identity = durable_identity(
+                    container_id=self.container_id,
+                    link_name=link.name,
+                    shared="shared" in source.capabilities,
+                )
+            else:
+                identity = f"{self.container_id}|{link.name}|{id(link):x}"
+            queue = self.broker.subscribe(address, identity=identity, durable=durable).queue
+            subscription = identity
+        else:
+            found = self.broker.find_queue(address)
+            if found is None:
+                link.refuse(Condition(NOT_FOUND, f"no queue or topic {address!r} on this broker"))
+                return
+            queue = found
+        consumer = LinkConsumer(
+            link, queue, browse=source.distribution_mode == "copy", subscription=subscription
+        )
+        queue.add_consumer(consumer, browse=consumer.browse)
+        link.context = consumer
+        link.accept()
+
+    def on_link_detach(self, link: Link, *, closed: bool, error: Condition | None) -> None:
+        context = link.context
+        if isinstance(context, LinkConsumer):
+            queue = context.queue
+            queue.remove_consumer(context)
+            if context.subscription is not None:
+                self._end_subscription(link, context, closed=closed)
+            queue.dispatch(now_ms())  # what it held goes to the others
+            self.endpoint.schedule_commit()
+        elif isinstance(context, Producer):
+            context.waiting = False
+
+    def _end_subscription(self, link: Link, consumer: LinkConsumer, *, closed: bool) -> None:
+        topic = link.address or ""
+        sub = self.broker.topics.get(topic)
+        found = sub.subscriptions.get(consumer.subscription or "") if sub else None
+        if found is None:
+            return
+        if found.durable and not closed:
+            return  # durable: keeps collecting while the subscriber is away
+        if found.queue.consumer_count:
+            return  # a shared subscription still has other consumers
+        self.broker.unsubscribe(topic, found.identity)
+
+    # ------------------------------------------------------------------ producers
+
+    def on_message(self, link: Link, delivery: Delivery) -> None:
+        producer: Producer = link.context
+        try:
+            header = delivery.header
+            expiry = delivery.absolute_expiry_time
+        except (codec.CodecError, IndexError, ValueError) as exc:
+            delivery.settle(Outcome.REJECTED, error=Condition(DECODE_ERROR, str(exc)))
+            self._top_up(producer)
+            return
+        settle: Callable[[], None] | None = None if delivery.pre_settled else delivery.settle
+        try:
+            owned = self.broker.publish(
+                producer.address,
+                payload=delivery.payload,
+                durable=header.durable,
+                ttl_ms=header.ttl,
+                absolute_expiry_ms=expiry,
+                on_owned=settle,
+            )
+        except NotFound as exc:
+            delivery.settle(Outcome.REJECTED, error=Condition(NOT_FOUND, str(exc)))
+            link.close(Condition(NOT_FOUND, str(exc)))
+            return
+        if owned:
+            if settle is not None:
+                settle()
+        else:
+            self.endpoint.schedule_commit()
+        if link.credit < self.window // 2:
+            self._top_up(producer)
+
+    def _top_up(self, producer: Producer) -> None:
+        link = producer.link
+        if not link.is_open:
+            return
+        if self.broker.has_room(producer.address):
+            link.flow(self.window - link.credit)
+        elif not producer.waiting:
+            # At the memory limit: no more credit; the producer waits, nothing is dropped.
+            producer.waiting = True
+            self.broker.when_room(lambda: self._room_freed(producer))
+
+    def _room_freed(self, producer: Producer) -> None:
+        producer.waiting = False
+        # Room comes back inside a settlement: give credit after it, from the loop.
+        self.endpoint.engine.call_soon(lambda: self._top_up(producer))
+
+    # ------------------------------------------------------------------ consumers
+
+    def on_link_credit(self, link: Link) -> None:
+        consumer = link.context
+        if isinstance(consumer, LinkConsumer) and link.credit > 0:
+            consumer.queue.dispatch(now_ms())
+
+    def on_outcome(self, link: Link, delivery: Delivery, outcome: Outcome) -> None:
+        consumer: LinkConsumer = link.context
+        queue = consumer.queue
+        queue.settle(consumer, delivery.context, settlement_of(delivery, outcome))
+        if outcome != Outcome.ACCEPTED:
+            queue.dispatch(now_ms())  # redeliver to whoever has credit
+        self.endpoint.schedule_commit()

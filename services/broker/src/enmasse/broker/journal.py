@@ -1,0 +1,290 @@
+"""The journal: durable messages and their acks, append-only, checksummed, group-committed.
+
+What flows in: `enqueue(msg_id, queues, payload, expires_at)` when a durable message arrives on a
+persistent queue (one record, however many subscription queues it fans out to), `ack(msg_id, queue)`
+when a queue lets it go, `after_commit(callback)` for what must wait until the records are on disk
+(settling the producer's delivery). `commit()` writes the batch and calls fsync ONCE, then runs
+every callback of the batch: group commit. What flows out, at start: `recover()` returns every
+message that was enqueued and not acknowledged, per queue, in id order.
+
+Record on disk: `<u32 body length><u32 crc32(body)><body>`; body starts with a type byte:
+- ENQUEUE: u64 msg id, u64 expires-at ms, u16 queue count, (u16 len, utf-8 name) per queue, payload.
+- ACK: u64 msg id, utf-8 queue name.
+
+Segments `NNNNNNNN.jnl` roll over at `segment_bytes`. A segment is reclaimed (deleted) once every
+message enqueued in it and in every older segment is acknowledged; reclaiming oldest-first only
+means an ACK record never outlives a segment that still holds its message. A torn or corrupt record
+(short read, bad length, bad checksum: what a SIGKILL or a disk fault leaves) ends that segment's
+replay with a log line; recovery goes on with the next segment and never crashes. A new segment is
+opened at each start, so a torn tail is never appended to.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+_FRAME = struct.Struct("<II")
+_ENQUEUE_HEAD = struct.Struct("<BQQH")
+_ACK_HEAD = struct.Struct("<BQ")
+_NAME_LEN = struct.Struct("<H")
+_ENQUEUE = 1
+_ACK = 2
+_SUFFIX = ".jnl"
+_MAX_RECORD = 1 << 30
+
+
+@dataclass
+class Recovered:
+    """What `recover` found: messages per queue in id order, and what it had to skip."""
+
+    messages: dict[str, list[tuple[int, bytes, int]]] = field(default_factory=dict)
+    next_id: int = 1
+    corrupt_segments: list[str] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return sum(len(v) for v in self.messages.values())
+
+
+class _Live:
+    """A journaled message's bookkeeping: its segment, and how many queues still hold it."""
+
+    __slots__ = ("refs", "segment")
+
+    def __init__(self, segment: int, refs: int) -> None:
+        self.segment = segment
+        self.refs = refs
+
+
+class Journal:
+    def __init__(self, directory: Path, *, segment_bytes: int = 64 << 20) -> None:
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        directory.mkdir(parents=True, exist_ok=True)
+        self._buffer = bytearray()
+        self._callbacks: list[Callable[[], None]] = []
+        self._live: dict[int, _Live] = {}
+        self._segment_live: dict[int, int] = {}  # segment number -> messages still live in it
+        self._segments: list[int] = []  # on disk, oldest first (the current one last)
+        self._fd = -1
+        self._current = 0
+        self._current_size = 0
+        self.commits = 0
+        self.records = 0
+
+    # ------------------------------------------------------------------ start
+
+    def recover(self) -> Recovered:
+        """Replays every segment, opens a fresh one for writing, reclaims what is fully acked."""
+        found: dict[int, tuple[list[str], bytes, int, int]] = {}
+        result = Recovered()
+        numbers = sorted(
+            int(p.stem) for p in self.directory.glob(f"*{_SUFFIX}") if p.stem.isdigit()
+        )
+        max_id = 0
+        for number in numbers:
+            path = self._path(number)
+            clean = True
+            for kind, msg_id, rest in _read_records(path):
+                if kind is None:
+                    clean = False
+                    break
+                max_id = max(max_id, msg_id)
+                if kind == _ENQUEUE:
+                    queues, payload, expires_at = rest
+                    found[msg_id] = (list(queues), payload, expires_at, number)
+                else:
+                    known = found.get(msg_id)
+                    if known is not None and rest in known[0]:
+                        known[0].remove(rest)
+            if not clean:
+                result.corrupt_segments.append(path.name)
+        self._segments = list(numbers)
+        self._segment_live = dict.fromkeys(numbers, 0)
+        for msg_id in sorted(found):
+            queues, payload, expires_at, number = found[msg_id]
+            if not queues:
+                continue
+            self._live[msg_id] = _Live(number, len(queues))
+            self._segment_live[number] += 1
+            for queue in queues:
+                result.messages.setdefault(queue, []).append((msg_id, payload, expires_at))
+        result.next_id = max_id + 1
+        self._open_segment((numbers[-1] + 1) if numbers else 1)
+        self._reclaim()
+        log.info(
+            "journal recovered",
+            segments=len(numbers),
+            messages=len(self._live),
+            corrupt_segments=result.corrupt_segments,
+        )
+        return result
+
+    # ------------------------------------------------------------------ appending
+
+    def enqueue(
+        self, *, msg_id: int, queues: Iterable[str], payload: bytes, expires_at: int
+    ) -> None:
+        names = [q.encode() for q in queues]
+        parts = [_ENQUEUE_HEAD.pack(_ENQUEUE, msg_id, expires_at, len(names))]
+        for name in names:
+            parts.append(_NAME_LEN.pack(len(name)))
+            parts.append(name)
+        parts.append(payload)
+        self._append(b"".join(parts))
+        self._live[msg_id] = _Live(self._current, len(names))
+        self._segment_live[self._current] += 1
+
+    def ack(self, *, msg_id: int, queue: str) -> None:
+        live = self._live.get(msg_id)
+        if live is None:
+            return
+        self._append(_ACK_HEAD.pack(_ACK, msg_id) + queue.encode())
+        live.refs -= 1
+        if live.refs <= 0:
+            del self._live[msg_id]
+            self._segment_live[live.segment] -= 1
+
+    def _append(self, body: bytes) -> None:
+        self._buffer += _FRAME.pack(len(body), zlib.crc32(body))
+        self._buffer += body
+        self.records += 1
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        self._callbacks.append(callback)
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._buffer or self._callbacks)
+
+    def commit(self) -> int:
+        """Writes the batch, ONE fsync, then runs the batch's callbacks; returns bytes written."""
+        data = self._buffer
+        callbacks = self._callbacks
+        if not data and not callbacks:
+            return 0
+        self._buffer = bytearray()
+        self._callbacks = []
+        written = len(data)
+        if written:
+            view = memoryview(data)
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+            os.fdatasync(self._fd)
+            self._current_size += written
+            self.commits += 1
+        for callback in callbacks:
+            callback()
+        if self._current_size >= self.segment_bytes:
+            self._open_segment(self._current + 1)
+        self._reclaim()
+        return written
+
+    def close(self) -> None:
+        self.commit()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    # ------------------------------------------------------------------ segments
+
+    @property
+    def live_messages(self) -> int:
+        return len(self._live)
+
+    @property
+    def segment_numbers(self) -> list[int]:
+        return list(self._segments)
+
+    def _path(self, number: int) -> Path:
+        return self.directory / f"{number:08d}{_SUFFIX}"
+
+    def _open_segment(self, number: int) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd = os.open(self._path(number), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        _fsync_directory(self.directory)  # the new name itself must survive a crash
+        self._current = number
+        self._current_size = 0
+        self._segments.append(number)
+        self._segment_live[number] = 0
+
+    def _reclaim(self) -> None:
+        while len(self._segments) > 1 and self._segment_live.get(self._segments[0], 0) == 0:
+            oldest = self._segments.pop(0)
+            self._segment_live.pop(oldest, None)
+            self._path(oldest).unlink(missing_ok=True)
+            log.debug("journal segment reclaimed", segment=oldest)
+
+
+def _read_records(path: Path) -> Iterable[tuple[int | None, int, Any]]:
+    """Yields (kind, msg_id, rest) per good record; (None, 0, None) once at a torn/bad record."""
+    data = path.read_bytes()
+    pos = 0
+    end = len(data)
+    while pos < end:
+        problem = ""
+        if end - pos < _FRAME.size:
+            problem = "torn frame header"
+        else:
+            length, crc = _FRAME.unpack_from(data, pos)
+            start = pos + _FRAME.size
+            if length > _MAX_RECORD or start + length > end:
+                problem = "torn record"
+            elif zlib.crc32(data[start : start + length]) != crc:
+                problem = "checksum mismatch"
+        if problem:
+            log.warning(
+                "journal tail skipped",
+                segment=path.name,
+                offset=pos,
+                bytes=end - pos,
+                reason=problem,
+            )
+            yield None, 0, None
+            return
+        try:
+            decoded = _decode(data[start : start + length])
+        except (struct.error, UnicodeDecodeError, ValueError) as exc:
+            log.warning("journal record undecodable", segment=path.name, offset=pos, error=str(exc))
+            yield None, 0, None
+            return
+        pos = start + length
+        yield decoded
+
+
+def _decode(body: bytes) -> tuple[int, int, Any]:
+    kind = body[0]
+    if kind == _ENQUEUE:
+        _, msg_id, expires_at, count = _ENQUEUE_HEAD.unpack_from(body, 0)
+        at = _ENQUEUE_HEAD.size
+        queues = []
+        for _ in range(count):
+            (n,) = _NAME_LEN.unpack_from(body, at)
+            at += _NAME_LEN.size
+            queues.append(body[at : at + n].decode())
+            at += n
+        return _ENQUEUE, msg_id, (queues, body[at:], expires_at)
+    if kind != _ACK:
+        raise ValueError(f"unknown record type {kind}")
+    _, msg_id = _ACK_HEAD.unpack_from(body, 0)
+    return _ACK, msg_id, body[_ACK_HEAD.size :].decode()
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,168 @@
+"""`enmasse-broker`: wiring and start-up only.
+
+Reads flags (and the optional --config YAML of queues and topics), recovers the data directory
+(catalog, then journal), opens the AMQP listener on the shared engine and the BrokerAdmin gRPC
+server on a thread of its own, writes the bound ports to --ports-file (JSON, written atomically:
+tests and `enmasse up` read it), and runs the engine loop on the main thread until SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import structlog
+from enmasse.broker.admin import BrokerAdmin, post_to
+from enmasse.broker.broker import AddressError, Broker
+from enmasse.broker.config import Settings, load_addresses
+from enmasse.broker.drain import Drain
+from enmasse.broker.handler import Endpoint
+from enmasse.common.amqp.engine import Engine
+from enmasse.common.logging import configure_logging
+from enmasse.common.serving import start_server
+from enmasse.v1 import broker_pb2_grpc
+
+log = structlog.get_logger("enmasse.broker")
+
+
+def parse_settings(argv: list[str] | None) -> Settings:
+    p = argparse.ArgumentParser(prog="enmasse-broker", description="EnMasse-py broker")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=5672, help="AMQP port (0: a free one)")
+    p.add_argument("--admin-port", type=int, default=0, help="BrokerAdmin gRPC port (0: free)")
+    p.add_argument("--data-dir", type=Path, default=None, help="journal + catalog (none: memory)")
+    p.add_argument("--config", type=Path, default=None, help="YAML of queues and topics")
+    p.add_argument("--max-message-size", type=int, default=Settings.max_message_size)
+    p.add_argument("--memory-limit", type=int, default=Settings.memory_limit_bytes)
+    p.add_argument("--segment-bytes", type=int, default=Settings.segment_bytes)
+    p.add_argument("--credit-window", type=int, default=Settings.credit_window)
+    p.add_argument("--idle-timeout", type=float, default=30.0, help="seconds; 0: none")
+    p.add_argument("--reap-interval", type=float, default=Settings.reap_interval)
+    p.add_argument("--ports-file", type=Path, default=None)
+    args = p.parse_args(argv)
+    queues, topics = load_addresses(args.config) if args.config else ({}, {})
+    return Settings(
+        host=args.host,
+        port=args.port,
+        admin_port=args.admin_port,
+        data_dir=args.data_dir,
+        max_message_size=args.max_message_size,
+        memory_limit_bytes=args.memory_limit,
+        segment_bytes=args.segment_bytes,
+        credit_window=args.credit_window,
+        idle_timeout=args.idle_timeout,
+        reap_interval=args.reap_interval,
+        ports_file=args.ports_file,
+        queues=queues,
+        topics=topics,
+    )
+
+
+def start_admin(*, settings: Settings, servicer: BrokerAdmin) -> int:
+    """Runs the gRPC server on its own asyncio loop in a daemon thread; returns its port."""
+    ready: list[int] = []
+    started = threading.Event()
+
+    async def serve() -> None:
+        running = await start_server(
+            registrations=[
+                (
+                    broker_pb2_grpc.add_BrokerAdminServicer_to_server,
+                    servicer,
+                    "enmasse.v1.BrokerAdmin",
+                )
+            ],
+            host=settings.host,
+            port=settings.admin_port,
+        )
+        ready.append(running.port)
+        started.set()
+        await running.server.wait_for_termination()
+
+    def run() -> None:
+        try:
+            asyncio.run(serve())
+        finally:
+            started.set()
+
+    threading.Thread(target=run, name="broker-admin", daemon=True).start()
+    started.wait()
+    if not ready:
+        raise OSError(f"could not start BrokerAdmin on {settings.host}:{settings.admin_port}")
+    return ready[0]
+
+
+def write_ports(path: Path, ports: dict[str, int]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ports")
+    with os.fdopen(fd, "w") as f:
+        json.dump(ports, f)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    configure_logging(service="broker")
+    try:
+        settings = parse_settings(argv)
+    except (OSError, ValueError) as exc:
+        log.error("bad configuration", error=str(exc))
+        sys.exit(2)
+    broker = Broker(
+        data_dir=settings.data_dir,
+        memory_limit_bytes=settings.memory_limit_bytes,
+        segment_bytes=settings.segment_bytes,
+    )
+    recovered = broker.start()
+    try:
+        for name, plan in settings.queues.items():
+            broker.ensure_queue(name, plan)
+        for name, plan in settings.topics.items():
+            broker.ensure_topic(name, plan)
+    except AddressError as exc:
+        log.error("bad configuration", error=str(exc))
+        sys.exit(2)
+    engine = Engine(container_id=f"enmasse-broker-{os.getpid()}")
+    endpoint = Endpoint(engine=engine, broker=broker, settings=settings)
+    port = endpoint.listen()
+
+    def start_drain(host: str, target_port: int, names: list[str]):  # type: ignore[no-untyped-def]
+        on_engine = post_to(engine.call_soon_threadsafe)
+        return on_engine(
+            lambda: Drain.start(
+                engine=engine,
+                broker=broker,
+                host=host,
+                port=target_port,
+                names=names,
+                after_change=endpoint.schedule_commit,
+            )
+        ).result()
+
+    servicer = BrokerAdmin(
+        broker=broker, on_engine=post_to(engine.call_soon_threadsafe), start_drain=start_drain
+    )
+    admin_port = start_admin(settings=settings, servicer=servicer)
+    if settings.ports_file is not None:
+        write_ports(settings.ports_file, {"amqp": port, "admin": admin_port, "pid": os.getpid()})
+    log.info(
+        "broker started",
+        amqp_port=port,
+        admin_port=admin_port,
+        recovered=recovered.count,
+        corrupt_segments=recovered.corrupt_segments,
+    )
+    signal.signal(signal.SIGTERM, lambda *_: engine.stop())
+    signal.signal(signal.SIGINT, lambda *_: engine.stop())
+    engine.run()
+    broker.close()
+    log.info("broker stopped")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,308 @@
+"""A queue: messages in, each handed to exactly one of its consumers, FIFO, fairly.
+
+What flows in: entries from producers (`enqueue`), consumers' credit (`dispatch` asks each consumer
+how much it has), consumers' outcomes (`settle`), the clock (`reap`). What flows out: entries to
+consumers (`Consumer.deliver`) and every entry that leaves, with the reason, to `on_removed` (the
+broker journals the acknowledgement, moves dead letters and expired messages, counts).
+
+Why it is built so:
+- Ready entries sit in a deque in arrival order; entries that come back (released, modified) go to
+  a heap keyed by id and are served first, so a redelivered message keeps its place in FIFO order.
+- Consumers are served round robin, one message each, skipping those without credit: fair
+  competing consumers without per-consumer queues.
+- Expiry uses a heap of deadlines and lazy removal (an expired entry is marked GONE and skipped
+  when popped), so reaping and TTL checks are O(log n) and never scan the queue.
+- Browsers (AMQP `copy` distribution mode) see every ready entry once, in id order, and take
+  nothing.
+- The queue never refuses a message: the memory limit is enforced upstream by withholding credit
+  (`has_room`), so a producer waits and nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from enmasse.broker.entry import Entry, Removal, State
+from enmasse.broker.plan import Plan
+
+
+class Consumer(Protocol):
+    """What a queue needs from a consumer: how many more it may take, and how to hand one over."""
+
+    def credit(self) -> int: ...
+
+    def deliver(self, entry: Entry) -> None: ...
+
+
+class Settlement(enum.Enum):
+    """A consumer's outcome, in the broker's terms (the handler maps AMQP outcomes onto these)."""
+
+    ACCEPTED = "accepted"
+    RELEASED = "released"  # not processed: redeliver, delivery-count + 1, not a failed attempt
+    MODIFIED = "modified"  # modified without delivery-failed: like released, count unchanged
+    FAILED = "failed"  # modified(delivery-failed): a failed attempt, towards max attempts
+    REJECTED = "rejected"  # poison: straight to the dead-letter address
+
+
+class MemoryBudget:
+    """Bytes held by all queues of the broker against one ceiling: it never dies of memory."""
+
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int = 0) -> None:
+        self.limit = limit  # 0: unbounded
+        self.used = 0
+
+    def has_room(self) -> bool:
+        return not self.limit or self.used < self.limit
+
+
+RemovedHook = Callable[["Queue", Entry, Removal], None]
+
+
+class Queue:
+    def __init__(
+        self,
+        *,
+        name: str,
+        plan: Plan,
+        budget: MemoryBudget | None = None,
+        on_removed: RemovedHook | None = None,
+    ) -> None:
+        self.name = name
+        self.plan = plan
+        self.budget = budget or MemoryBudget()
+        self.on_removed: RemovedHook = on_removed or _ignore
+        self._ready: deque[Entry] = deque()
+        self._returned: list[tuple[int, Entry]] = []  # heap by id: redeliveries first
+        self._expiring: list[tuple[int, int, Entry]] = []  # heap by deadline
+        self._consumers: list[Consumer] = []
+        self._browsers: dict[Consumer, int] = {}  # browser -> last id it saw
+        self._in_flight: dict[Consumer, set[Entry]] = {}
+        self._rr = 0
+        self.depth = 0  # READY entries
+        self.bytes = 0  # READY + IN_FLIGHT payload bytes
+        self.last_id = 0
+        self.enqueued = 0
+        self.dequeued = 0
+        self.expired = 0
+        self.dead_lettered = 0
+
+    # ------------------------------------------------------------------ producers
+
+    def has_room(self) -> bool:
+        """Whether producers may get more credit (per-plan limit and the broker-wide budget)."""
+        limit = self.plan.memory_limit_bytes
+        return (not limit or self.bytes < limit) and self.budget.has_room()
+
+    def enqueue(self, entry: Entry) -> None:
+        entry.state = State.READY
+        self._ready.append(entry)
+        size = len(entry.payload)
+        self.depth += 1
+        self.bytes += size
+        self.budget.used += size
+        if entry.expires_at:
+            heapq.heappush(self._expiring, (entry.expires_at, entry.id, entry))
+        self.enqueued += 1
+        if entry.id > self.last_id:
+            self.last_id = entry.id
+
+    def _count_out(self, entry: Entry) -> None:
+        size = len(entry.payload)
+        self.bytes -= size
+        self.budget.used -= size
+
+    # ------------------------------------------------------------------ consumers
+
+    @property
+    def consumer_count(self) -> int:
+        return len(self._consumers) + len(self._browsers)
+
+    def add_consumer(self, consumer: Consumer, *, browse: bool = False) -> None:
+        if browse:
+            self._browsers[consumer] = 0
+        else:
+            self._consumers.append(consumer)
+            self._in_flight[consumer] = set()
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        """The consumer went away: what it held unsettled comes back (released, not failed)."""
+        if self._browsers.pop(consumer, None) is not None:
+            return
+        if consumer not in self._in_flight:
+            return
+        self._consumers.remove(consumer)
+        for entry in sorted(self._in_flight.pop(consumer), key=_by_id):
+            self._return(entry, count=True)
+
+    def dispatch(self, now_ms: int) -> int:
+        """Hands ready entries to consumers with credit, round robin; returns how many were sent."""
+        sent = 0
+        consumers = self._consumers
+        if consumers and self.depth:
+            sent = self._dispatch_round_robin(consumers, now_ms)
+        if self._browsers:
+            self._dispatch_browsers(now_ms)
+        return sent
+
+    def _dispatch_round_robin(self, consumers: list[Consumer], now_ms: int) -> int:
+        n = len(consumers)
+        i = self._rr % n
+        idle = 0
+        sent = 0
+        while self.depth and idle < n:
+            consumer = consumers[i]
+            i = (i + 1) % n
+            if consumer.credit() <= 0:
+                idle += 1
+                continue
+            entry = self._pop_ready(now_ms)
+            if entry is None:
+                break
+            idle = 0
+            entry.state = State.IN_FLIGHT
+            self._in_flight[consumer].add(entry)
+            consumer.deliver(entry)
+            sent += 1
+        self._rr = i
+        return sent
+
+    def _pop_ready(self, now_ms: int) -> Entry | None:
+        while self._returned or self._ready:
+            entry = heapq.heappop(self._returned)[1] if self._returned else self._ready.popleft()
+            if entry.state is not State.READY:
+                continue  # reaped or deleted while waiting: lazy removal
+            self.depth -= 1
+            if entry.expired(now_ms):
+                self._remove(entry, Removal.EXPIRED)
+                continue
+            return entry
+        return None
+
+    def _dispatch_browsers(self, now_ms: int) -> None:
+        for browser, seen in list(self._browsers.items()):
+            if browser.credit() <= 0 or seen >= self.last_id:
+                continue
+            for entry in self.snapshot():
+                if entry.id <= seen or entry.expired(now_ms):
+                    continue
+                if browser.credit() <= 0:
+                    break
+                browser.deliver(entry)
+                self._browsers[browser] = entry.id
+
+    def snapshot(self) -> list[Entry]:
+        """The ready entries in delivery order (redeliveries first, then FIFO)."""
+        returned = [e for _, e in sorted(self._returned, key=lambda t: t[0])]
+        return [e for e in (*returned, *self._ready) if e.state is State.READY]
+
+    # ------------------------------------------------------------------ outcomes
+
+    def settle(self, consumer: Consumer, entry: Entry, settlement: Settlement) -> None:
+        held = self._in_flight.get(consumer)
+        if held is None or entry not in held:
+            return  # settled twice, or after the consumer left (already returned)
+        held.discard(entry)
+        if settlement is Settlement.ACCEPTED:
+            self.dequeued += 1
+            self._remove(entry, Removal.ACKED)
+        elif settlement is Settlement.REJECTED:
+            self._remove(entry, Removal.DEAD_LETTERED)
+        elif settlement is Settlement.FAILED:
+            entry.failed_attempts += 1
+            entry.delivery_count += 1
+            limit = self.plan.max_delivery_attempts
+            if limit and entry.failed_attempts >= limit:
+                self._remove(entry, Removal.DEAD_LETTERED)
+            else:
+                self._return(entry, count=False)
+        else:
+            self._return(entry, count=settlement is Settlement.RELEASED)
+
+    def _return(self, entry: Entry, *, count: bool) -> None:
+        if count:
+            entry.delivery_count += 1
+        entry.state = State.READY
+        self.depth += 1
+        heapq.heappush(self._returned, (entry.id, entry))
+
+    def _remove(self, entry: Entry, reason: Removal) -> None:
+        entry.state = State.GONE
+        self._count_out(entry)
+        if reason is Removal.EXPIRED:
+            self.expired += 1
+        elif reason is Removal.DEAD_LETTERED:
+            self.dead_lettered += 1
+        self.on_removed(self, entry, reason)
+
+    # ------------------------------------------------------------------ housekeeping
+
+    def reap(self, now_ms: int) -> int:
+        """Removes every ready entry whose deadline passed, consumer or not; returns how many."""
+        reaped = 0
+        heap = self._expiring
+        while heap and heap[0][0] <= now_ms:
+            entry = heapq.heappop(heap)[2]
+            if entry.state is State.READY:
+                self.depth -= 1
+                self._remove(entry, Removal.EXPIRED)
+                reaped += 1
+        return reaped
+
+    def take_ready(self, limit: int) -> list[Entry]:
+        """Takes up to `limit` ready entries out of the queue for a hand-off (drain).
+
+        They are IN_FLIGHT to nobody; `finish_hand_off` removes them once the other side owns them,
+        `undo_hand_off` puts them back if it refused.
+        """
+        taken: list[Entry] = []
+        while len(taken) < limit:
+            entry = self._pop_ready(0)
+            if entry is None:
+                break
+            entry.state = State.IN_FLIGHT
+            taken.append(entry)
+        return taken
+
+    def finish_hand_off(self, entry: Entry) -> None:
+        if entry.state is State.IN_FLIGHT:
+            self.dequeued += 1
+            self._remove(entry, Removal.DRAINED)
+
+    def undo_hand_off(self, entry: Entry) -> None:
+        if entry.state is State.IN_FLIGHT:
+            self._return(entry, count=False)
+
+    def purge(self) -> int:
+        """Removes everything (the queue is being deleted); returns how many entries went."""
+        gone = 0
+        for entry in self.snapshot():
+            entry.state = State.GONE
+            self._count_out(entry)
+            self.on_removed(self, entry, Removal.DELETED)
+            gone += 1
+        for held in self._in_flight.values():
+            for entry in held:
+                entry.state = State.GONE
+                self._count_out(entry)
+                self.on_removed(self, entry, Removal.DELETED)
+                gone += 1
+            held.clear()
+        self._ready.clear()
+        self._returned.clear()
+        self._expiring.clear()
+        self.depth = 0
+        return gone
+
+
+def _by_id(entry: Entry) -> int:
+    return entry.id
+
+
+def _ignore(_queue: Queue, _entry: Entry, _reason: Removal) -> None:
+    return None

@@ -1,0 +1,108 @@
+"""A topic: every subscriber gets every message published after it subscribed, through a
+subscription queue of its own (so each subscriber has the queue's redelivery, TTL and DLQ rules).
+
+What flows in: subscribe/unsubscribe (from receiver links on the topic address) and published
+messages. What flows out: one entry per subscription queue, sharing the id and the payload bytes.
+
+Subscription identity follows AMQP 1.0 / the JMS mapping: a durable subscription (receiver source
+`durable` + `expiry-policy never`) is named `container-id|link-name`, or just the link name when the
+link carries the `shared` capability (several connections share one subscription). A non-durable
+subscription is private to its link and named after it; it vanishes when the link closes. The
+subscription queue's address is `<topic>::<identity>`, which keeps it apart from every queue name
+(the admin refuses `::` in names).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from enmasse.broker.entry import Entry
+from enmasse.broker.plan import Plan
+from enmasse.broker.queue import MemoryBudget, Queue, RemovedHook
+
+SEPARATOR = "::"
+
+
+def durable_identity(*, container_id: str, link_name: str, shared: bool) -> str:
+    """The name a durable subscription is known by across detach, reconnect and restart."""
+    if shared:
+        # JMS clients suffix shared subscription link names with `|global` or `|volatileN`.
+        return link_name.split("|", 1)[0]
+    return f"{container_id}|{link_name}"
+
+
+@dataclass(slots=True)
+class Subscription:
+    identity: str
+    durable: bool
+    queue: Queue
+
+
+class Topic:
+    def __init__(
+        self,
+        *,
+        name: str,
+        plan: Plan,
+        budget: MemoryBudget | None = None,
+        on_removed: RemovedHook | None = None,
+    ) -> None:
+        self.name = name
+        self.plan = plan
+        self._budget = budget or MemoryBudget()
+        self._on_removed = on_removed
+        self.subscriptions: dict[str, Subscription] = {}
+        self.published = 0
+
+    def queue_name(self, identity: str) -> str:
+        return f"{self.name}{SEPARATOR}{identity}"
+
+    def subscribe(self, *, identity: str, durable: bool) -> tuple[Subscription, bool]:
+        """Returns the subscription, and whether it was created now (False: resumed)."""
+        found = self.subscriptions.get(identity)
+        if found is not None:
+            return found, False
+        queue = Queue(
+            name=self.queue_name(identity),
+            plan=self.plan,
+            budget=self._budget,
+            on_removed=self._on_removed,
+        )
+        created = Subscription(identity=identity, durable=durable, queue=queue)
+        self.subscriptions[identity] = created
+        return created, True
+
+    def unsubscribe(self, identity: str) -> Subscription | None:
+        """Deletes the subscription and what it held; the caller acks the journaled entries."""
+        gone = self.subscriptions.pop(identity, None)
+        if gone is not None:
+            gone.queue.purge()
+        return gone
+
+    def fan_out(
+        self, *, id: int, payload: bytes, durable: bool, expires_at: int
+    ) -> list[tuple[Queue, Entry]]:
+        """One entry per subscription (journaled only where the subscription is durable)."""
+        self.published += 1
+        entries: list[tuple[Queue, Entry]] = []
+        persistent = durable and self.plan.persistent
+        for sub in self.subscriptions.values():
+            entry = Entry(
+                id=id,
+                payload=payload,
+                journaled=persistent and sub.durable,
+                expires_at=expires_at,
+            )
+            sub.queue.enqueue(entry)
+            entries.append((sub.queue, entry))
+        return entries
+
+    def has_room(self) -> bool:
+        """A topic takes more only while every subscription queue has room (slowest subscriber)."""
+        if not self._budget.has_room():
+            return False
+        return all(sub.queue.has_room() for sub in self.subscriptions.values())
+
+    @property
+    def depth(self) -> int:
+        return sum(sub.queue.depth for sub in self.subscriptions.values())

@@ -1,0 +1,219 @@
+"""Queue rules without a network: fairness, FIFO, redelivery counting, dead letters, browse, TTL,
+memory limits. Consumers here are plain recorders of what a link would have been handed."""
+
+from __future__ import annotations
+
+from enmasse.broker.broker import Broker
+from enmasse.broker.entry import Entry, Removal
+from enmasse.broker.plan import Plan
+from enmasse.broker.queue import MemoryBudget, Queue, Settlement
+
+
+class Recorder:
+    def __init__(self, name: str, credit: int = 0) -> None:
+        self.name = name
+        self._credit = credit
+        self.got: list[Entry] = []
+
+    def credit(self) -> int:
+        return self._credit
+
+    def deliver(self, entry: Entry) -> None:
+        self._credit -= 1
+        self.got.append(entry)
+
+    def grant(self, n: int) -> None:
+        self._credit += n
+
+    @property
+    def ids(self) -> list[int]:
+        return [e.id for e in self.got]
+
+
+def filled(n: int, plan: Plan | None = None, **kw: object) -> tuple[Queue, list]:
+    removed: list = []
+    q = Queue(name="q", plan=plan or Plan(), on_removed=lambda q, e, r: removed.append((e.id, r)))
+    for i in range(1, n + 1):
+        q.enqueue(Entry(id=i, payload=b"x" * 10, **kw))  # type: ignore[arg-type]
+    return q, removed
+
+
+def test_competing_consumers_are_served_round_robin() -> None:
+    q, _ = filled(9)
+    a, b, c = Recorder("a", 10), Recorder("b", 10), Recorder("c", 10)
+    for consumer in (a, b, c):
+        q.add_consumer(consumer)
+    assert q.dispatch(0) == 9
+    assert (a.ids, b.ids, c.ids) == ([1, 4, 7], [2, 5, 8], [3, 6, 9])
+
+
+def test_consumer_without_credit_is_skipped_and_nothing_is_lost() -> None:
+    q, _ = filled(5)
+    a, b = Recorder("a", 1), Recorder("b", 0)
+    q.add_consumer(a)
+    q.add_consumer(b)
+    q.dispatch(0)
+    assert (a.ids, b.ids, q.depth) == ([1], [], 4)
+    b.grant(10)
+    q.dispatch(0)
+    assert b.ids == [2, 3, 4, 5]
+
+
+def test_single_consumer_gets_fifo_order() -> None:
+    q, _ = filled(100)
+    a = Recorder("a", 1000)
+    q.add_consumer(a)
+    q.dispatch(0)
+    assert a.ids == list(range(1, 101))
+
+
+def test_released_goes_to_another_consumer_with_delivery_count_plus_one() -> None:
+    q, removed = filled(1)
+    a, b = Recorder("a", 1), Recorder("b", 1)
+    q.add_consumer(a)
+    q.add_consumer(b)
+    q.dispatch(0)
+    entry = a.got[0]
+    q.settle(a, entry, Settlement.RELEASED)
+    q.dispatch(0)
+    assert b.ids == [1]
+    assert b.got[0].delivery_count == 1
+    assert entry.failed_attempts == 0
+    q.settle(b, entry, Settlement.ACCEPTED)
+    assert removed == [(1, Removal.ACKED)]
+    assert (q.depth, q.bytes, q.dequeued) == (0, 0, 1)
+
+
+def test_redelivered_message_keeps_its_fifo_place() -> None:
+    q, _ = filled(3)
+    a = Recorder("a", 2)
+    q.add_consumer(a)
+    q.dispatch(0)
+    q.settle(a, a.got[1], Settlement.RELEASED)
+    q.settle(a, a.got[0], Settlement.RELEASED)
+    a.got.clear()
+    a.grant(10)
+    q.dispatch(0)
+    assert a.ids == [1, 2, 3]
+
+
+def test_failed_attempts_dead_letter_after_max_attempts() -> None:
+    q, removed = filled(1, Plan(max_delivery_attempts=3))
+    a = Recorder("a", 100)
+    q.add_consumer(a)
+    for _ in range(3):
+        q.dispatch(0)
+        q.settle(a, a.got[-1], Settlement.FAILED)
+    assert len(a.got) == 3
+    assert removed == [(1, Removal.DEAD_LETTERED)]
+    assert q.dead_lettered == 1
+    assert q.dispatch(0) == 0
+
+
+def test_release_does_not_count_as_failed_attempt() -> None:
+    q, removed = filled(1, Plan(max_delivery_attempts=1))
+    a = Recorder("a", 100)
+    q.add_consumer(a)
+    for _ in range(5):
+        q.dispatch(0)
+        q.settle(a, a.got[-1], Settlement.RELEASED)
+    assert removed == []
+    assert a.got[-1].delivery_count == 5
+
+
+def test_rejected_goes_straight_to_dead_letter() -> None:
+    q, removed = filled(2)
+    a = Recorder("a", 1)
+    q.add_consumer(a)
+    q.dispatch(0)
+    q.settle(a, a.got[0], Settlement.REJECTED)
+    assert removed == [(1, Removal.DEAD_LETTERED)]
+
+
+def test_consumer_leaving_releases_its_unsettled_in_order() -> None:
+    q, _ = filled(4)
+    a, b = Recorder("a", 3), Recorder("b", 0)
+    q.add_consumer(a)
+    q.add_consumer(b)
+    q.dispatch(0)
+    q.remove_consumer(a)
+    b.grant(10)
+    q.dispatch(0)
+    assert b.ids == [1, 2, 3, 4]
+    assert [e.delivery_count for e in b.got] == [1, 1, 1, 0]
+
+
+def test_browser_sees_everything_without_consuming() -> None:
+    q, _ = filled(3)
+    browser = Recorder("browser", 10)
+    q.add_consumer(browser, browse=True)
+    q.dispatch(0)
+    assert browser.ids == [1, 2, 3]
+    assert q.depth == 3
+    q.enqueue(Entry(id=4, payload=b"y"))
+    q.dispatch(0)
+    assert browser.ids == [1, 2, 3, 4]
+    taker = Recorder("taker", 10)
+    q.add_consumer(taker)
+    q.dispatch(0)
+    assert taker.ids == [1, 2, 3, 4]
+
+
+def test_expired_message_is_never_delivered() -> None:
+    q, removed = filled(0)
+    q.enqueue(Entry(id=1, payload=b"a", expires_at=1000))
+    q.enqueue(Entry(id=2, payload=b"b"))
+    a = Recorder("a", 10)
+    q.add_consumer(a)
+    q.dispatch(1000)
+    assert a.ids == [2]
+    assert removed == [(1, Removal.EXPIRED)]
+    assert q.expired == 1
+
+
+def test_reaper_expires_without_any_consumer() -> None:
+    q, removed = filled(0)
+    for i, deadline in enumerate([500, 300, 0, 900], start=1):
+        q.enqueue(Entry(id=i, payload=b"x", expires_at=deadline))
+    assert q.reap(100) == 0
+    assert q.reap(600) == 2
+    assert sorted(removed) == [(1, Removal.EXPIRED), (2, Removal.EXPIRED)]
+    assert q.depth == 2
+    a = Recorder("a", 10)
+    q.add_consumer(a)
+    q.dispatch(600)
+    assert a.ids == [3, 4]
+
+
+def test_memory_limit_withholds_room_until_consumed() -> None:
+    budget = MemoryBudget()
+    q = Queue(name="q", plan=Plan(memory_limit_bytes=25), budget=budget)
+    assert q.has_room()
+    for i in range(3):
+        q.enqueue(Entry(id=i + 1, payload=b"x" * 10))
+    assert not q.has_room()
+    assert q.depth == 3  # nothing dropped
+    a = Recorder("a", 2)
+    q.add_consumer(a)
+    q.dispatch(0)
+    assert not q.has_room()  # delivered but unsettled still counts
+    q.settle(a, a.got[0], Settlement.ACCEPTED)
+    assert q.has_room()
+    assert budget.used == 20
+
+
+def test_broker_wide_budget_is_shared() -> None:
+    broker = Broker(memory_limit_bytes=100)
+    broker.ensure_queue("a", Plan())
+    broker.ensure_queue("b", Plan())
+    broker.publish("a", payload=b"x" * 100)
+    assert not broker.has_room("b")
+    woken: list[str] = []
+    broker.when_room(lambda: woken.append("b"))
+    consumer = Recorder("c", 1)
+    queue = broker.queues["a"]
+    queue.add_consumer(consumer)
+    queue.dispatch(0)
+    queue.settle(consumer, consumer.got[0], Settlement.ACCEPTED)
+    assert woken == ["b"]
+    assert broker.has_room("b")

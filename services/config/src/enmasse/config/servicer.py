@@ -1,0 +1,309 @@
+"""The ConfigService gRPC servicer: a thin shell over the store and the write path.
+
+In: the RPCs of `config.proto`. Out: resources, lists, watch events, apply results, or a gRPC
+status with the exact message (`Refused` from the write path; UNAVAILABLE when etcd is away).
+
+Every write goes the same way (`_write`): read a snapshot of what its rules need, compute the commit
+with `enmasse.config.writes` (which validates through `enmasse.common.validation`), commit it in ONE
+etcd transaction guarded by the snapshot's guard revision, and start over when somebody else wrote
+in between. Writes are serialized in-process by one lock, so concurrent requests to this process
+never race each other; the guard covers other processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import structlog
+from enmasse.common.plans import load_default_plans
+from enmasse.common.validation import SPACE_SCOPED_KINDS, AnyObject, Catalog, Key, key_of
+from enmasse.config import writes
+from enmasse.config.store import Commit, Store, StoreUnavailable
+from enmasse.config.watch import watch_events
+from enmasse.config.writes import Refused
+from enmasse.v1 import config_pb2, config_pb2_grpc
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+MAX_ATTEMPTS = 20
+DEFAULTS_MANAGER = "enmasse-defaults"
+_LISTS = {
+    "AddressSpacePlan": config_pb2.AddressSpacePlanList,
+    "AddressPlan": config_pb2.AddressPlanList,
+    "AddressSpace": config_pb2.AddressSpaceList,
+    "Address": config_pb2.AddressList,
+    "MessagingUser": config_pb2.MessagingUserList,
+}
+
+
+class ConfigServicer(config_pb2_grpc.ConfigServiceServicer):
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._lock = asyncio.Lock()
+
+    # ------------------------------------------------------------ the common paths
+
+    async def _write(
+        self, scope: str | None, compute: Callable[[Catalog], tuple[Commit, T]]
+    ) -> tuple[T, int]:
+        async with self._lock:
+            for _attempt in range(MAX_ATTEMPTS):
+                snapshot = await self.store.snapshot(space=scope)
+                commit, answer = compute(snapshot.catalog)
+                if not commit:
+                    return answer, snapshot.revision
+                revision = await self.store.commit(commit, guard=snapshot.guard)
+                if revision is not None:
+                    return answer, revision
+                log.info("store changed under a write, retrying", scope=scope)
+        raise Refused(grpc.StatusCode.ABORTED, "the store kept changing under the write; retry")
+
+    async def _create(self, obj: AnyObject, context: grpc.aio.ServicerContext) -> Any:
+        async def run() -> AnyObject:
+            scope = writes.scope_of(key_of(obj))
+            stored, revision = await self._write(
+                scope, lambda catalog: writes.plan_create(obj, catalog=catalog)
+            )
+            return _answer(stored, revision)
+
+        return await _answering(context, run)
+
+    async def _update(self, obj: AnyObject, context: grpc.aio.ServicerContext) -> Any:
+        async def run() -> AnyObject:
+            scope = writes.scope_of(key_of(obj))
+            stored, revision = await self._write(
+                scope, lambda catalog: writes.plan_update(obj, catalog=catalog)
+            )
+            return _answer(stored, revision)
+
+        return await _answering(context, run)
+
+    async def _delete(
+        self, kind: str, request: config_pb2.DeleteRequest, context: grpc.aio.ServicerContext
+    ) -> config_pb2.DeleteResponse:
+        async def run() -> config_pb2.DeleteResponse:
+            key = _key(kind, request.ref)
+
+            def compute(catalog: Catalog) -> tuple[Commit, None]:
+                commit = writes.plan_delete(
+                    key, resource_version=request.resource_version, catalog=catalog
+                )
+                return commit, None
+
+            _, revision = await self._write(writes.scope_of(key), compute)
+            log.info("deleted", kind=kind, space=key[1], name=key[2], revision=revision)
+            return config_pb2.DeleteResponse(revision=revision)
+
+        return await _answering(context, run)
+
+    async def _status(
+        self, kind: str, request: Any, context: grpc.aio.ServicerContext
+    ) -> AnyObject:
+        async def run() -> AnyObject:
+            key = _key(kind, request.ref)
+            stored, revision = await self._write(
+                writes.scope_of(key),
+                lambda catalog: writes.plan_status(
+                    key,
+                    status=request.status,
+                    resource_version=request.resource_version,
+                    catalog=catalog,
+                ),
+            )
+            return _answer(stored, revision)
+
+        return await _answering(context, run)
+
+    async def _get(
+        self, kind: str, ref: config_pb2.ObjectRef, context: grpc.aio.ServicerContext
+    ) -> Any:
+        async def run() -> AnyObject:
+            key = _key(kind, ref)
+            obj = await self.store.get(key)
+            if obj is None:
+                raise Refused(grpc.StatusCode.NOT_FOUND, f"{writes.describe(key)} not found")
+            return writes.public_form(obj)
+
+        return await _answering(context, run)
+
+    async def _list(
+        self, kind: str, request: config_pb2.ListRequest, context: grpc.aio.ServicerContext
+    ) -> Any:
+        async def run() -> Any:
+            objects, revision = await self.store.objects(kind=kind, space=request.space)
+            wanted = dict(request.label_selector)
+            items = [
+                writes.public_form(obj)
+                for obj in objects
+                if all(obj.metadata.labels.get(k) == v for k, v in wanted.items())
+            ]
+            return _LISTS[kind](items=items, revision=revision)
+
+        return await _answering(context, run)
+
+    # ------------------------------------------------------------ plans
+
+    async def CreateAddressSpacePlan(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._create(request, context)
+
+    async def GetAddressSpacePlan(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._get("AddressSpacePlan", request, context)
+
+    async def ListAddressSpacePlans(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._list("AddressSpacePlan", request, context)
+
+    async def UpdateAddressSpacePlan(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._update(request, context)
+
+    async def DeleteAddressSpacePlan(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._delete("AddressSpacePlan", request, context)
+
+    async def CreateAddressPlan(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._create(request, context)
+
+    async def GetAddressPlan(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._get("AddressPlan", request, context)
+
+    async def ListAddressPlans(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._list("AddressPlan", request, context)
+
+    async def UpdateAddressPlan(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._update(request, context)
+
+    async def DeleteAddressPlan(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._delete("AddressPlan", request, context)
+
+    # ------------------------------------------------------------ address spaces
+
+    async def CreateAddressSpace(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._create(request, context)
+
+    async def GetAddressSpace(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._get("AddressSpace", request, context)
+
+    async def ListAddressSpaces(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._list("AddressSpace", request, context)
+
+    async def UpdateAddressSpace(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._update(request, context)
+
+    async def DeleteAddressSpace(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._delete("AddressSpace", request, context)
+
+    async def UpdateAddressSpaceStatus(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._status("AddressSpace", request, context)
+
+    # ------------------------------------------------------------ addresses
+
+    async def CreateAddress(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._create(request, context)
+
+    async def GetAddress(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._get("Address", request, context)
+
+    async def ListAddresses(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._list("Address", request, context)
+
+    async def UpdateAddress(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._update(request, context)
+
+    async def DeleteAddress(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._delete("Address", request, context)
+
+    async def UpdateAddressStatus(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._status("Address", request, context)
+
+    # ------------------------------------------------------------ messaging users
+
+    async def CreateMessagingUser(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._create(request, context)
+
+    async def GetMessagingUser(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._get("MessagingUser", request, context)
+
+    async def ListMessagingUsers(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._list("MessagingUser", request, context)
+
+    async def UpdateMessagingUser(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._update(request, context)
+
+    async def DeleteMessagingUser(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._delete("MessagingUser", request, context)
+
+    # ------------------------------------------------------------ watch and apply
+
+    async def Watch(
+        self, request: config_pb2.WatchRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[config_pb2.WatchEvent]:
+        try:
+            async for event in watch_events(self.store, request):
+                yield event
+        except Refused as refused:
+            await context.abort(refused.code, refused.message)
+        except StoreUnavailable as error:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
+
+    async def Apply(
+        self, request: config_pb2.ApplyRequest, context: grpc.aio.ServicerContext
+    ) -> config_pb2.ApplyResponse:
+        return await _answering(context, lambda: self.apply(request))
+
+    async def apply(self, request: config_pb2.ApplyRequest) -> config_pb2.ApplyResponse:
+        def compute(catalog: Catalog) -> tuple[Commit, writes.ApplyPlan]:
+            plan = writes.plan_apply(request, catalog=catalog)
+            return (Commit() if request.dry_run else plan.commit), plan
+
+        plan, revision = await self._write(request.space or None, compute)
+        log.info(
+            "applied",
+            space=request.space,
+            manager=request.manager,
+            dry_run=request.dry_run,
+            revision=revision,
+            results=len(plan.results),
+        )
+        return config_pb2.ApplyResponse(results=plan.results, revision=revision)
+
+    async def seed_default_plans(self) -> int:
+        """Stores the default plans when the store has none at all; how many it stored."""
+        if await self.store.count("AddressPlan") or await self.store.count("AddressSpacePlan"):
+            return 0
+        request = config_pb2.ApplyRequest(manager=DEFAULTS_MANAGER, resources=load_default_plans())
+        response = await self.apply(request)
+        return sum(1 for r in response.results if r.action == config_pb2.ApplyResult.CREATED)
+
+
+def _answer(stored: AnyObject, revision: int) -> AnyObject:
+    out = writes.public_form(stored)
+    if out is stored:
+        out = type(stored)()
+        out.CopyFrom(stored)
+    out.metadata.resource_version = revision
+    return out
+
+
+def _key(kind: str, ref: config_pb2.ObjectRef) -> Key:
+    if not ref.name:
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "ref.name must not be empty")
+    if kind in SPACE_SCOPED_KINDS:
+        if not ref.space:
+            raise Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"ref.space must name the address space of the {kind}",
+            )
+        return kind, ref.space, ref.name
+    return kind, "", ref.name
+
+
+async def _answering(context: grpc.aio.ServicerContext, run: Callable[[], Awaitable[T]]) -> T:
+    """Runs one RPC, turning refusals and store outages into the gRPC status the caller sees."""
+    try:
+        return await run()
+    except Refused as refused:
+        await context.abort(refused.code, refused.message)
+    except StoreUnavailable as error:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, f"the store is unavailable: {error}")
+    raise AssertionError("context.abort returns only by raising")

@@ -1,0 +1,337 @@
+"""The etcd address store: keys, consistent snapshots, guarded transactions, raw watch streams.
+
+Key schema (every key under one prefix, `/enmasse/v1` unless `--prefix` says otherwise, so that
+tests and several installations can share one etcd):
+
+    <prefix>/resources/AddressSpacePlan/<name>        cluster-scoped kinds: plans ...
+    <prefix>/resources/AddressPlan/<name>
+    <prefix>/resources/AddressSpace/<name>            ... and address spaces (the name is the space)
+    <prefix>/resources/Address/<space>/<name>         space-scoped kinds
+    <prefix>/resources/MessagingUser/<space>/<name>
+    <prefix>/guard                                    written by every write transaction
+
+Values are the serialized protobuf message of the kind (an `Address`, ...), stored with
+`resource_version` 0: the key's mod revision is the resource version, read back on every get, so the
+two can never disagree.
+
+Why a guard key and no per-address index: every write reads what its rules need (the plans, the
+space, the space's addresses and users) in ONE read transaction, checks them in Python, and commits
+in ONE transaction that compares the guard's mod revision with the one read. If anybody wrote in
+between (another config instance), the commit fails and the caller re-reads and re-checks. So the
+rules (address-string uniqueness, quotas, "the topic exists") always hold on a consistent
+snapshot, whatever the rule, without an index key per rule. The price is that writes are
+serialized, which the config service does in-process anyway.
+
+Watch streams are etcd's own (raw `Watch` over the resources prefix with `prev_kv`), so a resume
+from revision N gets exactly the changes after N, or `Compacted` when etcd has dropped them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from aetcd import rpc
+from enmasse.common.validation import (
+    KINDS,
+    SPACE_SCOPED_KINDS,
+    AnyObject,
+    Catalog,
+    Key,
+)
+from enmasse.v1 import resources_pb2
+
+DEFAULT_PREFIX = "/enmasse/v1"
+_CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    # etcd restarts must be noticed within a second, not after grpc's default two-minute back-off.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+class Compacted(Exception):
+    """The revision a watch asked for is older than etcd's compaction point."""
+
+    def __init__(self, compact_revision: int) -> None:
+        super().__init__(f"compacted up to revision {compact_revision}")
+        self.compact_revision = compact_revision
+
+
+class StoreUnavailable(Exception):
+    """etcd cannot be reached (or refused the request for a reason of its own)."""
+
+
+@dataclass
+class Snapshot:
+    """What one read transaction saw: the objects, the store revision, the guard's mod revision."""
+
+    catalog: Catalog
+    revision: int
+    guard: int
+
+
+@dataclass
+class Change:
+    """One key change from etcd's watch, decoded: `obj` is the new value (or the last, deleted)."""
+
+    type: str  # "put" or "delete"
+    key: Key
+    obj: AnyObject
+    revision: int
+    created: bool
+
+
+@dataclass
+class WatchBatch:
+    """One etcd watch response: its changes, or none at all for a progress notification."""
+
+    changes: list[Change] = field(default_factory=list)
+    progress_revision: int = 0
+
+
+@dataclass
+class Commit:
+    """The writes of one transaction: objects to put, keys to delete, spaces to empty."""
+
+    puts: dict[Key, AnyObject] = field(default_factory=dict)
+    deletes: list[Key] = field(default_factory=list)
+    emptied_spaces: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.puts or self.deletes or self.emptied_spaces)
+
+
+class Store:
+    """The address store over one etcd cluster (a gRPC channel to its endpoints)."""
+
+    def __init__(
+        self, *, endpoints: Sequence[str], prefix: str = DEFAULT_PREFIX, timeout: float = 10.0
+    ) -> None:
+        self.prefix = prefix.rstrip("/")
+        self._resources = f"{self.prefix}/resources/".encode()
+        self._guard = f"{self.prefix}/guard".encode()
+        self._timeout = timeout
+        target = "ipv4:" + ",".join(endpoints) if len(endpoints) > 1 else endpoints[0]
+        self._channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        self._kv = rpc.KVStub(self._channel)
+        self._watch = rpc.WatchStub(self._channel)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    # ---------------------------------------------------------------- keys
+
+    def key(self, key: Key) -> bytes:
+        kind, space, name = key
+        if kind in SPACE_SCOPED_KINDS:
+            return self._resources + f"{kind}/{space}/{name}".encode()
+        return self._resources + f"{kind}/{name}".encode()
+
+    def parse_key(self, raw: bytes) -> Key | None:
+        if not raw.startswith(self._resources):
+            return None
+        parts = raw[len(self._resources) :].decode().split("/")
+        if parts[0] not in KINDS:
+            return None  # not ours: skip it rather than fail a whole list
+        if len(parts) == 3 and parts[0] in SPACE_SCOPED_KINDS:
+            return parts[0], parts[1], parts[2]
+        if len(parts) == 2 and parts[0] not in SPACE_SCOPED_KINDS:
+            return parts[0], "", parts[1]
+        return None
+
+    def _decode(self, key: Key, value: bytes, mod_revision: int) -> AnyObject:
+        obj = getattr(resources_pb2, key[0])()
+        obj.ParseFromString(value)
+        obj.metadata.resource_version = mod_revision
+        return obj
+
+    # ---------------------------------------------------------------- reads
+
+    async def snapshot(self, *, space: str | None) -> Snapshot:
+        """Everything the rules of a write in `space` need (None: the whole store), at one revision.
+
+        For a space: every plan, the space itself, its addresses and its users.
+        """
+        ranges = [self._range_of(None)] if space is None else self._space_ranges(space)
+        ops = [rpc.RequestOp(request_range=rpc.RangeRequest(key=k, range_end=e)) for k, e in ranges]
+        ops.append(rpc.RequestOp(request_range=rpc.RangeRequest(key=self._guard)))
+        response = await self._call(self._kv.Txn, rpc.TxnRequest(success=ops))
+        catalog = Catalog()
+        guard = 0
+        for op in response.responses:
+            for kv in op.response_range.kvs:
+                if kv.key == self._guard:
+                    guard = kv.mod_revision
+                    continue
+                key = self.parse_key(kv.key)
+                if key is not None:
+                    catalog.put(self._decode(key, kv.value, kv.mod_revision))
+        return Snapshot(catalog=catalog, revision=response.header.revision, guard=guard)
+
+    async def objects(self, *, kind: str | None, space: str = "") -> tuple[list[AnyObject], int]:
+        """Objects of one kind (None: every kind), of one `space` if given, and the revision."""
+        start, end = self._range_of(kind, space)
+        response = await self._call(self._kv.Range, rpc.RangeRequest(key=start, range_end=end))
+        out = []
+        for kv in response.kvs:
+            key = self.parse_key(kv.key)
+            if key is not None:
+                out.append(self._decode(key, kv.value, kv.mod_revision))
+        return out, response.header.revision
+
+    async def get(self, key: Key) -> AnyObject | None:
+        response = await self._call(self._kv.Range, rpc.RangeRequest(key=self.key(key)))
+        if not response.kvs:
+            return None
+        kv = response.kvs[0]
+        return self._decode(key, kv.value, kv.mod_revision)
+
+    async def count(self, kind: str) -> int:
+        start, end = self._range_of(kind)
+        request = rpc.RangeRequest(key=start, range_end=end, count_only=True)
+        return int((await self._call(self._kv.Range, request)).count)
+
+    def _range_of(self, kind: str | None, space: str = "") -> tuple[bytes, bytes]:
+        prefix = self._resources
+        if kind is not None:
+            prefix += f"{kind}/".encode()
+            if space and kind in SPACE_SCOPED_KINDS:
+                prefix += f"{space}/".encode()
+        return prefix, _prefix_end(prefix)
+
+    def _space_ranges(self, space: str) -> list[tuple[bytes, bytes]]:
+        space_key = self.key(("AddressSpace", "", space))
+        return [
+            self._range_of("AddressSpacePlan"),
+            self._range_of("AddressPlan"),
+            (space_key, b""),
+            self._range_of("Address", space),
+            self._range_of("MessagingUser", space),
+        ]
+
+    # ---------------------------------------------------------------- writes
+
+    async def commit(self, commit: Commit, *, guard: int) -> int | None:
+        """Writes everything in ONE transaction if the guard is still at `guard`.
+
+        Returns the new store revision (every written key's mod revision), or None when somebody
+        wrote in between: the caller re-reads and re-checks.
+        """
+        ops = []
+        for key, obj in commit.puts.items():
+            value = _stored_form(obj)
+            ops.append(rpc.RequestOp(request_put=rpc.PutRequest(key=self.key(key), value=value)))
+        for key in commit.deletes:
+            ops.append(
+                rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=self.key(key)))
+            )
+        for space in commit.emptied_spaces:
+            for kind in SPACE_SCOPED_KINDS:
+                start, end = self._range_of(kind, space)
+                request = rpc.DeleteRangeRequest(key=start, range_end=end)
+                ops.append(rpc.RequestOp(request_delete_range=request))
+        ops.append(rpc.RequestOp(request_put=rpc.PutRequest(key=self._guard, value=b"")))
+        compare = rpc.Compare(
+            key=self._guard,
+            target=rpc.Compare.MOD,
+            result=rpc.Compare.EQUAL,
+            mod_revision=guard,
+        )
+        response = await self._call(self._kv.Txn, rpc.TxnRequest(compare=[compare], success=ops))
+        return int(response.header.revision) if response.succeeded else None
+
+    async def compact(self, revision: int) -> None:
+        """Drops history before `revision` (tests and operators; etcd can also do it by itself)."""
+        await self._call(self._kv.Compact, rpc.CompactionRequest(revision=revision, physical=True))
+
+    async def revision(self) -> int:
+        request = rpc.RangeRequest(key=self._guard, count_only=True)
+        return int((await self._call(self._kv.Range, request)).header.revision)
+
+    # ---------------------------------------------------------------- watch
+
+    async def watch(self, *, start_revision: int) -> AsyncIterator[WatchBatch]:
+        """Every change of a resource key from `start_revision` on, one batch per etcd response.
+
+        Raises Compacted when etcd no longer has `start_revision`, StoreUnavailable when the
+        stream breaks (etcd restarted or unreachable).
+        """
+        create = rpc.WatchCreateRequest(
+            key=self._resources,
+            range_end=_prefix_end(self._resources),
+            start_revision=start_revision,
+            prev_kv=True,
+            progress_notify=True,
+        )
+        call = self._watch.Watch(_hold_open(rpc.WatchRequest(create_request=create)))
+        try:
+            async for response in call:
+                if response.compact_revision:
+                    raise Compacted(int(response.compact_revision))
+                if response.canceled:
+                    raise StoreUnavailable(f"etcd cancelled the watch: {response.cancel_reason}")
+                if response.created:
+                    continue
+                yield self._batch_of(response)
+            raise StoreUnavailable("etcd closed the watch stream")
+        except grpc.aio.AioRpcError as error:
+            raise StoreUnavailable(f"etcd watch failed: {error.details()}") from error
+        finally:
+            call.cancel()
+
+    def _batch_of(self, response: Any) -> WatchBatch:
+        if not response.events:
+            return WatchBatch(progress_revision=int(response.header.revision))
+        batch = WatchBatch()
+        for event in response.events:
+            key = self.parse_key(event.kv.key)
+            if key is None:
+                continue
+            deleted = event.type == rpc.Event.DELETE
+            batch.changes.append(self._change(key, event, deleted=deleted))
+        return batch
+
+    def _change(self, key: Key, event: Any, *, deleted: bool) -> Change:
+        kv = event.kv
+        if not deleted:
+            obj = self._decode(key, kv.value, kv.mod_revision)
+            created = kv.create_revision == kv.mod_revision
+            return Change("put", key, obj, int(kv.mod_revision), created)
+        if event.HasField("prev_kv"):
+            obj = self._decode(key, event.prev_kv.value, event.prev_kv.mod_revision)
+        else:  # the previous value was compacted away: name the object at least
+            obj = getattr(resources_pb2, key[0])()
+            obj.metadata.name = key[2]
+            obj.metadata.space = key[1]
+        return Change("delete", key, obj, int(kv.mod_revision), False)
+
+    async def _call(self, method: Any, request: Any) -> Any:
+        try:
+            return await method(request, timeout=self._timeout)
+        except grpc.aio.AioRpcError as error:
+            raise StoreUnavailable(f"etcd: {error.code().name}: {error.details()}") from error
+
+
+def _stored_form(obj: AnyObject) -> bytes:
+    stored = type(obj)()
+    stored.CopyFrom(obj)
+    stored.metadata.resource_version = 0
+    return stored.SerializeToString()
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    end = bytearray(prefix)
+    end[-1] += 1  # prefixes here end in "/", never in 0xff
+    return bytes(end)
+
+
+async def _hold_open(first: Any) -> AsyncIterator[Any]:
+    """The request side of a watch: one create request, then silence until cancelled."""
+    yield first
+    await asyncio.Event().wait()

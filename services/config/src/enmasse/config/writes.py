@@ -1,0 +1,389 @@
+"""The write path of the config service, as pure functions over a snapshot of the store.
+
+In: a requested change (create, update, delete, status update, or an Apply batch) and the
+`Snapshot` the store read for it. Out: a `Commit` (what to put and delete, in one transaction) and
+what to answer, or `Refused` with the gRPC status code and the exact message.
+
+Nothing here touches the network, so every rule (compare-and-swap on resource_version, generation
+bookkeeping, password hashing, Apply's scope / prune / unchanged logic) is tested without etcd; the
+servicer only reads a snapshot, calls these and commits.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from enmasse.common.validation import (
+    SPACE_SCOPED_KINDS,
+    AnyObject,
+    Catalog,
+    Key,
+    Violation,
+    key_of,
+    kind_of,
+    object_of,
+    resource_of,
+    validate_batch,
+    validate_delete,
+    validate_resource,
+)
+from enmasse.config.passwords import hash_password, verify_password
+from enmasse.config.store import Commit
+from enmasse.v1 import config_pb2, resources_pb2
+from google.protobuf import timestamp_pb2
+
+PLAN_KINDS = ("AddressSpacePlan", "AddressPlan")
+Action = config_pb2.ApplyResult.Action
+
+
+class Refused(Exception):
+    """A request the service refuses: the gRPC status code and the message the caller sees."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def describe(key: Key) -> str:
+    kind, space, name = key
+    return f"{kind} {space + '/' if space else ''}{name}"
+
+
+def scope_of(key: Key) -> str | None:
+    """Which snapshot a write of `key` needs: its space, or None (the whole store) for plans."""
+    kind, space, name = key
+    if kind in PLAN_KINDS:
+        return None
+    return name if kind == "AddressSpace" else space
+
+
+def refusal_of(violations: Sequence[Violation]) -> Refused:
+    code = (
+        grpc.StatusCode.FAILED_PRECONDITION
+        if all(v.precondition for v in violations)
+        else grpc.StatusCode.INVALID_ARGUMENT
+    )
+    return Refused(code, "; ".join(str(v) for v in violations))
+
+
+def check_version(key: Key, *, existing: AnyObject | None, resource_version: int) -> AnyObject:
+    """The stored object, if `resource_version` (0: any) is its current one; else Refused."""
+    if existing is None:
+        raise Refused(grpc.StatusCode.NOT_FOUND, f"{describe(key)} not found")
+    current = existing.metadata.resource_version
+    if resource_version and resource_version != current:
+        raise Refused(
+            grpc.StatusCode.ABORTED,
+            f"{describe(key)} has been modified: resource_version {resource_version} is stale, "
+            f"current is {current}",
+        )
+    return existing
+
+
+# ---------------------------------------------------------------- single-object writes
+
+
+def plan_create(obj: AnyObject, *, catalog: Catalog) -> tuple[Commit, AnyObject]:
+    key = key_of(obj)
+    if catalog.get(key) is not None:
+        raise Refused(grpc.StatusCode.ALREADY_EXISTS, f"{describe(key)} already exists")
+    desired = _input_form(obj)
+    violations = validate_resource(resource_of(desired), catalog=catalog)
+    if violations:
+        raise refusal_of(violations)
+    stored = created(desired)
+    return Commit(puts={key: stored}), stored
+
+
+def plan_update(obj: AnyObject, *, catalog: Catalog) -> tuple[Commit, AnyObject]:
+    key = key_of(obj)
+    existing = check_version(
+        key, existing=catalog.get(key), resource_version=obj.metadata.resource_version
+    )
+    desired = _input_form(obj)
+    violations = validate_resource(resource_of(desired), catalog=catalog)
+    if violations:
+        raise refusal_of(violations)
+    stored = updated(desired, existing=existing)
+    return Commit(puts={key: stored}), stored
+
+
+def plan_delete(key: Key, *, resource_version: int, catalog: Catalog) -> Commit:
+    check_version(key, existing=catalog.get(key), resource_version=resource_version)
+    violations = validate_delete(key, catalog=catalog)
+    if violations:
+        raise refusal_of(violations)
+    emptied = [key[2]] if key[0] == "AddressSpace" else []
+    return Commit(deletes=[key], emptied_spaces=emptied)
+
+
+def plan_status(
+    key: Key, *, status: object, resource_version: int, catalog: Catalog
+) -> tuple[Commit, AnyObject]:
+    """A controller's status update: the spec and generation stay as they are."""
+    existing = check_version(key, existing=catalog.get(key), resource_version=resource_version)
+    stored = _copy(existing)
+    stored.status.CopyFrom(status)
+    return Commit(puts={key: stored}), stored
+
+
+# ---------------------------------------------------------------- bookkeeping
+
+
+def created(desired: AnyObject) -> AnyObject:
+    stored = _copy(desired)
+    stored.metadata.generation = 1
+    stored.metadata.uid = str(uuid.uuid4())
+    stored.metadata.created_at.CopyFrom(_now())
+    stored.metadata.resource_version = 0
+    if kind_of(stored) != "MessagingUser" and kind_of(stored) not in PLAN_KINDS:
+        stored.ClearField("status")  # status belongs to controllers, not to creators
+    if kind_of(stored) == "MessagingUser":
+        _hash_into(stored)
+    return stored
+
+
+def updated(desired: AnyObject, *, existing: AnyObject) -> AnyObject:
+    stored = _copy(desired)
+    meta = stored.metadata
+    meta.uid = existing.metadata.uid
+    meta.created_at.CopyFrom(existing.metadata.created_at)
+    meta.managed_by = meta.managed_by or existing.metadata.managed_by
+    if kind_of(stored) not in PLAN_KINDS and kind_of(stored) != "MessagingUser":
+        stored.status.CopyFrom(existing.status)
+    changed = spec_changed(desired, existing=existing)
+    if kind_of(stored) == "MessagingUser":
+        if stored.spec.password:
+            _hash_into(stored)
+        else:
+            stored.spec.password_hash = existing.spec.password_hash
+    meta.generation = existing.metadata.generation + (1 if changed else 0)
+    return stored
+
+
+def spec_changed(desired: AnyObject, *, existing: AnyObject) -> bool:
+    """Whether the spec differs; a user's clear password counts as a change unless it verifies."""
+    if kind_of(desired) != "MessagingUser":
+        return desired.spec != existing.spec
+    wanted, stored = _copy(desired.spec), _copy(existing.spec)
+    password = wanted.password
+    for spec in (wanted, stored):
+        spec.password = ""
+        spec.password_hash = ""
+    if wanted != stored:
+        return True
+    return bool(password) and not verify_password(password, existing.spec.password_hash)
+
+
+def unchanged(desired: AnyObject, *, existing: AnyObject) -> bool:
+    meta, old = desired.metadata, existing.metadata
+    return (
+        not spec_changed(desired, existing=existing)
+        and dict(meta.labels) == dict(old.labels)
+        and dict(meta.annotations) == dict(old.annotations)
+        and meta.managed_by == old.managed_by
+    )
+
+
+def public_form(obj: AnyObject) -> AnyObject:
+    """What callers see: never a clear password (it is never stored anyway)."""
+    if kind_of(obj) == "MessagingUser" and obj.spec.password:
+        obj = _copy(obj)
+        obj.spec.password = ""
+    return obj
+
+
+def _input_form(obj: AnyObject) -> AnyObject:
+    out = _copy(obj)
+    if kind_of(out) == "MessagingUser":
+        out.spec.password_hash = ""  # output only: a caller cannot set a hash
+    return out
+
+
+def _hash_into(user: resources_pb2.MessagingUser) -> None:
+    if user.spec.password:
+        user.spec.password_hash = hash_password(user.spec.password)
+    user.spec.password = ""
+
+
+def _copy(obj: Any) -> Any:
+    out = type(obj)()
+    out.CopyFrom(obj)
+    return out
+
+
+def _now() -> timestamp_pb2.Timestamp:
+    stamp = timestamp_pb2.Timestamp()
+    stamp.GetCurrentTime()
+    return stamp
+
+
+# ---------------------------------------------------------------- Apply
+
+
+@dataclass
+class ApplyPlan:
+    results: list[config_pb2.ApplyResult] = field(default_factory=list)
+    commit: Commit = field(default_factory=Commit)
+
+
+def plan_apply(
+    request: config_pb2.ApplyRequest,
+    *,
+    catalog: Catalog,
+    unchanged_check: Callable[..., bool] = unchanged,
+) -> ApplyPlan:
+    """What an Apply does to a snapshot: per resource CREATED / UPDATED / UNCHANGED / REFUSED, and
+    PRUNED for what `manager` owns in scope and the batch lacks. Refused with INVALID_ARGUMENT
+    when `atomic` and anything is refused (the message lists every refusal)."""
+    batch = [_scoped(resource, request) for resource in request.resources]
+    scope_errors = [_scope_violation(resource, request) for resource in batch]
+    keys = {key_of(r) for r, bad in zip(batch, scope_errors, strict=True) if not bad}
+    pruned = _prune_set(request, catalog=catalog, keep=keys) if request.prune else []
+    remaining = catalog.copy()
+    for key in pruned:
+        remaining.remove(key)
+    checkable = [r for r, bad in zip(batch, scope_errors, strict=True) if not bad]
+    verdicts = iter(validate_batch(checkable, catalog=remaining))
+    plan = ApplyPlan()
+    after = remaining.copy()
+    for resource, scope_error in zip(batch, scope_errors, strict=True):
+        violations = [scope_error] if scope_error else next(verdicts)
+        plan.results.append(
+            _apply_one(
+                resource,
+                violations,
+                catalog=catalog,
+                plan=plan,
+                after=after,
+                unchanged_check=unchanged_check,
+            )
+        )
+    _prune_into(plan, pruned, catalog=catalog, after=after)
+    refusals = [r for r in plan.results if r.action == Action.REFUSED]
+    if request.atomic and refusals:
+        raise Refused(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "apply refused: " + "; ".join(r.message for r in refusals),
+        )
+    return plan
+
+
+def _apply_one(
+    resource: resources_pb2.Resource,
+    violations: list[Violation],
+    *,
+    catalog: Catalog,
+    plan: ApplyPlan,
+    after: Catalog,
+    unchanged_check: Callable[..., bool],
+) -> config_pb2.ApplyResult:
+    key = key_of(resource) if resource.WhichOneof("kind") else ("Resource", "", "")
+    result = config_pb2.ApplyResult(
+        kind=key[0], ref=config_pb2.ObjectRef(space=key[1], name=key[2])
+    )
+    if violations:
+        result.action = Action.REFUSED
+        result.message = "; ".join(str(v) for v in violations)
+        return result
+    desired = _input_form(object_of(resource))
+    existing = catalog.get(key)
+    if existing is None:
+        stored, result.action = created(desired), Action.CREATED
+    elif unchanged_check(desired, existing=existing):
+        result.action = Action.UNCHANGED
+        return result
+    else:
+        stored, result.action = updated(desired, existing=existing), Action.UPDATED
+    plan.commit.puts[key] = stored
+    after.put(resource_of(stored))
+    return result
+
+
+def _prune_into(plan: ApplyPlan, pruned: list[Key], *, catalog: Catalog, after: Catalog) -> None:
+    refused = _refused_prunes(pruned, catalog=catalog, after=after)
+    for key in pruned:
+        result = config_pb2.ApplyResult(
+            kind=key[0], ref=config_pb2.ObjectRef(space=key[1], name=key[2])
+        )
+        if key in refused:
+            result.action = Action.REFUSED
+            result.message = "; ".join(str(v) for v in refused[key])
+        else:
+            result.action = Action.PRUNED
+            plan.commit.deletes.append(key)
+            if key[0] == "AddressSpace":
+                plan.commit.emptied_spaces.append(key[2])
+        plan.results.append(result)
+
+
+def _refused_prunes(
+    pruned: list[Key], *, catalog: Catalog, after: Catalog
+) -> dict[Key, list[Violation]]:
+    """The prunes refused (a plan still in use), to a fixpoint: a plan kept because it is in use
+    keeps in use the plans it lists."""
+    refused: dict[Key, list[Violation]] = {}
+    changed = True
+    while changed:
+        changed = False
+        for key in pruned:
+            if key in refused:
+                continue
+            violations = validate_delete(key, catalog=after)
+            if violations:
+                refused[key] = violations
+                after.put(resource_of(catalog.get(key)))  # type: ignore[arg-type]
+                changed = True
+    return refused
+
+
+def _scoped(
+    resource: resources_pb2.Resource, request: config_pb2.ApplyRequest
+) -> resources_pb2.Resource:
+    out = resources_pb2.Resource()
+    out.CopyFrom(resource)
+    if out.WhichOneof("kind") is None:
+        return out
+    obj = object_of(out)
+    if kind_of(obj) in SPACE_SCOPED_KINDS and not obj.metadata.space:
+        obj.metadata.space = request.space
+    if request.manager:
+        obj.metadata.managed_by = request.manager
+    return out
+
+
+def _scope_violation(
+    resource: resources_pb2.Resource, request: config_pb2.ApplyRequest
+) -> Violation | None:
+    if resource.WhichOneof("kind") is None:
+        return Violation("Resource", "", "", "kind", "the resource holds no object")
+    kind, space, name = key_of(resource)
+    in_scope = (
+        (kind in PLAN_KINDS and not request.space)
+        or (kind == "AddressSpace" and name == request.space)
+        or (kind in SPACE_SCOPED_KINDS and request.space and space == request.space)
+    )
+    if in_scope:
+        return None
+    scope = f"address space '{request.space}'" if request.space else "plans (no space)"
+    return Violation(kind, space, name, "metadata", f"is outside the scope of this apply: {scope}")
+
+
+def _prune_set(request: config_pb2.ApplyRequest, *, catalog: Catalog, keep: set[Key]) -> list[Key]:
+    if not request.manager:
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "prune needs a manager")
+    owned = [key for key, obj in catalog.objects() if obj.metadata.managed_by == request.manager]
+    in_scope = [key for key in owned if _key_in_scope(key, request.space)]
+    return sorted(key for key in in_scope if key not in keep)
+
+
+def _key_in_scope(key: Key, space: str) -> bool:
+    kind, key_space, name = key
+    if not space:
+        return kind in PLAN_KINDS
+    return key_space == space or (kind == "AddressSpace" and name == space)

@@ -1,0 +1,99 @@
+"""The proton side of the router: one thin engine handler per kind of connection.
+
+Engine events flow in (see `enmasse.common.amqp.engine.ConnectionHandler`); each handler only says
+which kind of connection the event came from and passes it to the `Router` core in `forwarding.py`:
+
+- `ClientHandler`: connections accepted on the client port (producers, consumers, RPC clients);
+- `MeshHandler`: connections between routers, accepted on the inter-router port or dialled by us;
+- `BrokerHandler`: the connection this router dials to one broker of the space.
+
+The per-message events (`on_message`, `on_outcome`, `on_link_credit`) are the same for every kind
+of connection: the link's own state (in `link.context`) says what it is.
+"""
+
+from __future__ import annotations
+
+from enmasse.common.amqp.engine import (
+    Condition,
+    Connection,
+    ConnectionHandler,
+    Delivery,
+    Link,
+    Outcome,
+)
+from enmasse.router.forwarding import BrokerSession, ConnectionRole, Router
+
+
+class _Deliveries(ConnectionHandler):
+    """What every kind of router connection does with deliveries, outcomes and credit."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    def on_message(self, link: Link, delivery: Delivery) -> None:
+        self.router.message(link, delivery)
+
+    def on_outcome(self, link: Link, delivery: Delivery, outcome: Outcome) -> None:
+        self.router.outcome(link, delivery, outcome)
+
+    def on_link_credit(self, link: Link) -> None:
+        self.router.credit(link)
+
+
+class ClientHandler(_Deliveries):
+    def on_connection_open(self, conn: Connection) -> None:
+        self.router.open_connection(conn, role=ConnectionRole.NORMAL)
+
+    def on_connection_close(self, conn: Connection, error: Condition | None) -> None:
+        self.router.close_record(conn)
+
+    def on_link_attach(self, link: Link) -> None:
+        self.router.client_attach(link)
+
+    def on_link_detach(self, link: Link, *, closed: bool, error: Condition | None) -> None:
+        self.router.client_detach(link, closed=closed)
+
+
+class MeshHandler(_Deliveries):
+    def __init__(self, router: Router, *, expected: str | None = None) -> None:
+        super().__init__(router)
+        self.expected = expected  # set when we dialled: the peer we meant to reach
+
+    def on_connection_open(self, conn: Connection) -> None:
+        peer = conn.container_id
+        if self.expected is not None and peer != self.expected:
+            conn.close(
+                Condition(
+                    "amqp:precondition-failed",
+                    f"dialled router '{self.expected}' but '{peer}' answered",
+                )
+            )
+            return
+        self.router.neighbor_open(conn, peer_id=peer)
+
+    def on_connection_close(self, conn: Connection, error: Condition | None) -> None:
+        self.router.neighbor_closed(conn, expected=self.expected)
+
+    def on_link_attach(self, link: Link) -> None:
+        self.router.mesh_attach(link)
+
+    def on_link_detach(self, link: Link, *, closed: bool, error: Condition | None) -> None:
+        self.router.mesh_link_detached(link)
+
+
+class BrokerHandler(_Deliveries):
+    def __init__(self, router: Router, session: BrokerSession) -> None:
+        super().__init__(router)
+        self.session = session
+
+    def on_connection_open(self, conn: Connection) -> None:
+        self.router.broker_open(self.session, conn)
+
+    def on_connection_close(self, conn: Connection, error: Condition | None) -> None:
+        self.router.broker_closed(self.session, conn)
+
+    def on_link_attach(self, link: Link) -> None:
+        link.refuse(Condition("amqp:not-allowed", "a router takes no links from a broker"))
+
+    def on_link_detach(self, link: Link, *, closed: bool, error: Condition | None) -> None:
+        self.router.broker_link_detached(link)

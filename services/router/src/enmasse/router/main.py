@@ -1,0 +1,140 @@
+"""`enmasse-router`: start-up and wiring of one router process, nothing else.
+
+The engine (one epoll loop) runs on the main thread with two listeners, the client port and the
+inter-router port; RouterAdmin (grpc.aio) runs on its own thread and posts into the engine. Chosen
+ports (port 0 picks free ones) are written as JSON to --ports-file once everything listens, which
+is how tests and `enmasse up` find them. An optional --config file (a RouterConfig in protobuf JSON)
+is applied before the first client can connect; otherwise the router-agent pushes one.
+SIGTERM / SIGINT stop the engine; the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+
+import click
+import structlog
+from enmasse.common.amqp.engine import Engine
+from enmasse.common.logging import configure_logging
+from enmasse.common.serving import start_server
+from enmasse.router.admin import SERVICE_NAME, RouterAdminServicer
+from enmasse.router.forwarding import Router
+from enmasse.router.handlers import ClientHandler, MeshHandler
+from enmasse.v1 import router_pb2, router_pb2_grpc
+from google.protobuf import json_format
+
+log = structlog.get_logger("enmasse.router")
+
+
+def _serve_admin(
+    *,
+    engine: Engine,
+    router: Router,
+    host: str,
+    port: int,
+    bound: list[int],
+    ready: threading.Event,
+) -> None:
+    async def serve() -> None:
+        servicer = RouterAdminServicer(engine=engine, router=router)
+        running = await start_server(
+            registrations=[
+                (router_pb2_grpc.add_RouterAdminServicer_to_server, servicer, SERVICE_NAME)
+            ],
+            host=host,
+            port=port,
+        )
+        bound.append(running.port)
+        ready.set()
+        await running.server.wait_for_termination()
+
+    asyncio.run(serve())
+
+
+def _write_ports(path: Path, ports: dict[str, int]) -> None:
+    # Written whole then renamed: a reader polling for the file never sees half of it.
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(ports))
+    os.replace(partial, path)
+
+
+@click.command()
+@click.option("--router-id", required=True, help="This router's id in the mesh (no '/').")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=5672, show_default=True, help="Client AMQP port (0: free port).")
+@click.option("--inter-router-port", default=55672, show_default=True)
+@click.option("--admin-port", default=0, show_default=True, help="RouterAdmin gRPC port.")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--ports-file", type=click.Path(dir_okay=False))
+@click.option("--idle-timeout", default=16.0, show_default=True, help="Seconds; 0 turns it off.")
+@click.option("--max-message-size", default=0, show_default=True, help="Bytes; 0: no limit.")
+@click.option("--max-frame-size", default=65536, show_default=True)
+def main(
+    router_id: str,
+    host: str,
+    port: int,
+    inter_router_port: int,
+    admin_port: int,
+    config_path: str | None,
+    ports_file: str | None,
+    idle_timeout: float,
+    max_message_size: int,
+    max_frame_size: int,
+) -> None:
+    """Runs one router of an address space."""
+    if "/" in router_id or not router_id:
+        raise click.BadParameter("must be non-empty and contain no '/'", param_hint="--router-id")
+    configure_logging(service="router")
+    engine = Engine(container_id=router_id)
+    router = Router(router_id=router_id, engine=engine)
+    if config_path:
+        pushed = json_format.Parse(Path(config_path).read_text(), router_pb2.RouterConfig())
+        router.apply_config(pushed)
+    amqp_port = engine.listen(
+        host=host,
+        port=port,
+        handler_factory=lambda: ClientHandler(router),
+        idle_timeout=idle_timeout or None,
+        max_message_size=max_message_size,
+        max_frame_size=max_frame_size,
+    )
+    mesh_port = engine.listen(
+        host=host,
+        port=inter_router_port,
+        handler_factory=lambda: MeshHandler(router),
+        idle_timeout=idle_timeout or None,
+    )
+    bound: list[int] = []
+    ready = threading.Event()
+    threading.Thread(
+        target=_serve_admin,
+        kwargs={
+            "engine": engine,
+            "router": router,
+            "host": host,
+            "port": admin_port,
+            "bound": bound,
+            "ready": ready,
+        },
+        name="router-admin",
+        daemon=True,
+    ).start()
+    if not ready.wait(30):
+        raise click.ClickException("RouterAdmin did not start within 30 s")
+    ports = {"amqp": amqp_port, "inter_router": mesh_port, "admin": bound[0]}
+    if ports_file:
+        _write_ports(Path(ports_file), ports)
+    log.info("router listening", router=router_id, **ports)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: engine.stop())
+    engine.run()
+    log.info("router stopped", router=router_id)
+
+
+if __name__ == "__main__":
+    main()

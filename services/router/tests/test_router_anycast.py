@@ -1,0 +1,250 @@
+"""Anycast through a real router process with real AMQP clients: credit only with a consumer,
+balancing, outcomes travelling back to the producer, release and re-route when a consumer dies,
+precise refusals for unknown addresses and bad anonymous sends."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from enmasse.common.amqp import codec
+from enmasse.common.amqp.client import AmqpError, Client
+from enmasse.common.amqp.engine import Condition, Outcome
+from tests.fixtures.router import RouterFleet, RouterProcess
+
+
+@pytest.fixture
+def router(routers: RouterFleet) -> RouterProcess:
+    r1 = routers.start("r1")
+    r1.apply(routers.mesh_config(generation=1, addresses={"work": "anycast", "other": "anycast"}))
+    return r1
+
+
+@pytest.fixture
+def client(router: RouterProcess) -> Iterator[Callable[[], Client]]:
+    opened: list[Client] = []
+
+    def open_client() -> Client:
+        opened.append(Client("127.0.0.1", router.amqp_port))
+        return opened[-1]
+
+    yield open_client
+    for c in opened:
+        c.close()
+
+
+def _body(n: int) -> bytes:
+    return codec.encode_message(str(n).encode())
+
+
+def _number(payload: bytes) -> int:
+    return int(codec.read_body(payload))
+
+
+def test_producer_waits_with_zero_credit_until_a_consumer_attaches(
+    router: RouterProcess, client: Callable[[], Client]
+) -> None:
+    producer_side = client()
+    sender = producer_side.sender("work")
+    # The stats call is a round trip through the router's loop, after the attach was handled.
+    assert router.address_stats("work").producers == 1  # type: ignore[union-attr]
+    assert producer_side._call(lambda: sender.link.credit) == 0  # type: ignore[union-attr]
+    waiting = sender.send_async(_body(1))
+
+    receiver = client().receiver("work", credit=10)
+    got = receiver.receive(10)
+    receiver.accept(got)
+    assert _number(got.payload) == 1
+    assert waiting.result(10).outcome is Outcome.ACCEPTED
+    assert producer_side._call(lambda: sender.link.credit) > 0  # type: ignore[union-attr]
+
+
+def test_deliveries_are_balanced_over_three_consumers(
+    router: RouterProcess, client: Callable[[], Client]
+) -> None:
+    consumers = client()
+    receivers = [consumers.receiver("work", credit=300) for _ in range(3)]
+    sender = client().sender("work")
+    sent = [sender.send_async(_body(n)) for n in range(300)]
+    counts = Counter()
+    seen = []
+    for index, receiver in enumerate(receivers):
+        while True:
+            try:
+                delivery = receiver.receive(2)
+            except TimeoutError:
+                break
+            seen.append(_number(delivery.payload))
+            counts[index] += 1
+            receiver.accept(delivery)
+    assert sorted(seen) == list(range(300))
+    for index in range(3):
+        assert 90 <= counts[index] <= 110, counts
+    assert all(f.result(10).outcome is Outcome.ACCEPTED for f in sent)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "how"),
+    [
+        (Outcome.REJECTED, {"error": Condition("app:bad-order", "order 7 has no lines")}),
+        (Outcome.RELEASED, {}),
+        (Outcome.MODIFIED, {"delivery_failed": True, "undeliverable_here": True}),
+    ],
+)
+def test_the_consumers_outcome_settles_the_producers_delivery(
+    router: RouterProcess,
+    client: Callable[[], Client],
+    outcome: Outcome,
+    how: dict[str, object],
+) -> None:
+    receiver = client().receiver("work", credit=5)
+    sender = client().sender("work")
+    pending = sender.send_async(_body(7))
+    receiver.settle(receiver.receive(10), outcome, **how)
+    settled = pending.result(10)
+    assert settled.outcome is outcome
+    if outcome is Outcome.REJECTED:
+        assert settled.error == Condition("app:bad-order", "order 7 has no lines")
+    if outcome is Outcome.MODIFIED:
+        assert settled.delivery_failed
+        assert settled.undeliverable_here
+    stats = router.address_stats("work")
+    assert stats is not None
+    assert getattr(stats, outcome.name.lower()) == 1
+
+
+def test_outcomes_reach_the_right_producer_when_settled_out_of_order(
+    router: RouterProcess, client: Callable[[], Client]
+) -> None:
+    receiver = client().receiver("work", credit=20)
+    senders = [client().sender("work") for _ in range(2)]
+    futures = {(s, n): senders[s].send_async(_body(s * 100 + n)) for s in range(2) for n in range(5)}
+    deliveries = [receiver.receive(10) for _ in range(10)]
+    for delivery in reversed(deliveries):
+        number = _number(delivery.payload)
+        receiver.settle(delivery, Outcome.ACCEPTED if number % 2 else Outcome.RELEASED)
+    for (s, n), future in futures.items():
+        expected = Outcome.ACCEPTED if (s * 100 + n) % 2 else Outcome.RELEASED
+        assert future.result(10).outcome is expected, (s, n)
+
+
+_HOARDER = textwrap.dedent(
+    """
+    import sys, time
+    from enmasse.common.amqp.client import Client
+    client = Client("127.0.0.1", int(sys.argv[1]))
+    receiver = client.receiver("work", credit=int(sys.argv[2]))
+    for _ in range(int(sys.argv[2])):
+        receiver.receive(20)  # taken, never settled
+    print("holding", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def _hoarder(router: RouterProcess, count: int) -> subprocess.Popen[str]:
+    """A consumer in its own process that takes `count` deliveries and never settles them."""
+    return subprocess.Popen(
+        [sys.executable, "-c", _HOARDER, str(router.amqp_port), str(count)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_killed_consumer_with_unsettled_deliveries_releases_them_to_the_producer(
+    router: RouterProcess, client: Callable[[], Client]
+) -> None:
+    hoarder = _hoarder(router, 5)
+    try:
+        sender = client().sender("work")
+        futures = [sender.send_async(_body(n)) for n in range(5)]
+        assert hoarder.stdout is not None
+        assert hoarder.stdout.readline().strip() == "holding"
+        assert not any(f.done() for f in futures)
+        hoarder.kill()
+        hoarder.wait(10)
+        assert [f.result(10).outcome for f in futures] == [Outcome.RELEASED] * 5
+        # The producer sends them again; a second consumer gets every one.
+        receiver = client().receiver("work", credit=10)
+        again = [sender.send_async(_body(n)) for n in range(5)]
+        got = []
+        for _ in range(5):
+            delivery = receiver.receive(10)
+            got.append(_number(delivery.payload))
+            receiver.accept(delivery)
+        assert sorted(got) == list(range(5))
+        assert [f.result(10).outcome for f in again] == [Outcome.ACCEPTED] * 5
+    finally:
+        if hoarder.poll() is None:
+            hoarder.kill()
+            hoarder.wait(10)
+
+
+def test_killed_consumer_deliveries_are_rerouted_to_another_consumer(
+    router: RouterProcess, client: Callable[[], Client]
+) -> None:
+    hoarder = _hoarder(router, 4)
+    try:
+        sender = client().sender("work")
+        first = [sender.send_async(_body(n)) for n in range(4)]
+        assert hoarder.stdout is not None
+        assert hoarder.stdout.readline().strip() == "holding"
+        survivor = client().receiver("work", credit=0)  # attached, no credit: gets nothing yet
+        hoarder.kill()
+        hoarder.wait(10)
+        survivor.flow(10)
+        got = []
+        for _ in range(4):
+            delivery = survivor.receive(10)
+            got.append(_number(delivery.payload))
+            survivor.accept(delivery)
+        assert sorted(got) == [0, 1, 2, 3]
+        assert [f.result(10).outcome for f in first] == [Outcome.ACCEPTED] * 4
+    finally:
+        if hoarder.poll() is None:
+            hoarder.kill()
+            hoarder.wait(10)
+
+
+def test_attach_to_an_unknown_address_is_refused_with_not_found(
+    router: RouterProcess, client: Callable[[], Client]
+) -> None:
+    c = client()
+    with pytest.raises(AmqpError) as refused:
+        c.receiver("nowhere")
+    assert refused.value.condition == Condition("amqp:not-found", "no address 'nowhere' in space 'test'")
+    with pytest.raises(AmqpError) as refused:
+        c.sender("nowhere")
+    assert refused.value.condition == Condition("amqp:not-found", "no address 'nowhere' in space 'test'")
+    # The connection is still good for known addresses.
+    receiver = c.receiver("work", credit=1)
+    c.sender("work").send_async(_body(1))
+    assert _number(receiver.receive(10).payload) == 1
+
+
+def test_anonymous_relay_routes_by_to_and_rejects_what_it_cannot(
+    router: RouterProcess, client: Callable[[], Client]
+) -> None:
+    receiver = client().receiver("work", credit=5)
+    anonymous = client().sender(None)
+    routed = anonymous.send_async(codec.encode_message(b"9", to="work"))
+    got = receiver.receive(10)
+    receiver.accept(got)
+    assert _number(got.payload) == 9
+    assert routed.result(10).outcome is Outcome.ACCEPTED
+
+    unknown = anonymous.send(codec.encode_message(b"x", to="nowhere"))
+    assert unknown.outcome is Outcome.REJECTED
+    assert unknown.error == Condition("amqp:not-found", "no address 'nowhere' in space 'test'")
+    no_to = anonymous.send(codec.encode_message(b"x"))
+    assert no_to.outcome is Outcome.REJECTED
+    assert no_to.error == Condition(
+        "amqp:precondition-failed", "a message on an anonymous link needs a 'to' address"
+    )
+    nobody = anonymous.send(codec.encode_message(b"x", to="other"))
+    assert nobody.outcome is Outcome.RELEASED

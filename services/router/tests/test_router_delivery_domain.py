@@ -1,0 +1,114 @@
+"""Balancing, the settlement ledger, multicast copy queues, addresses: the pure delivery logic."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from enmasse.router.addressing import (
+    ReplyAddresses,
+    UnknownAddress,
+    dynamic_owner,
+    resolve,
+)
+from enmasse.router.balancing import Balancer
+from enmasse.router.config import AddressRoute, Distribution, RouterConfig
+from enmasse.router.fanout import CopyQueue
+from enmasse.router.ledger import SettlementLedger
+
+
+def test_idle_consumers_share_round_robin() -> None:
+    balancer: Balancer[str] = Balancer()
+    for name in ("c1", "c2", "c3"):
+        balancer.add(name)
+    got = Counter()
+    for _ in range(300):
+        chosen = balancer.choose(lambda _t: True)
+        assert chosen is not None
+        got[chosen] += 1
+        balancer.sent(chosen)
+        balancer.settled(chosen)
+    assert got == {"c1": 100, "c2": 100, "c3": 100}
+
+
+def test_least_outstanding_goes_first_and_no_credit_is_skipped() -> None:
+    balancer: Balancer[str] = Balancer()
+    for name in ("slow", "fast", "stuck"):
+        balancer.add(name)
+    for _ in range(3):
+        balancer.sent("slow")  # never settles
+    picks = []
+    for _ in range(4):
+        chosen = balancer.choose(lambda t: t != "stuck")
+        assert chosen is not None
+        picks.append(chosen)
+        balancer.sent(chosen)
+        if chosen == "fast":
+            balancer.settled(chosen)
+    assert picks == ["fast"] * 4
+    assert balancer.outstanding("slow") == 3
+    assert balancer.choose(lambda _t: False) is None
+
+
+def test_removing_a_target_keeps_rotation_sane() -> None:
+    balancer: Balancer[str] = Balancer()
+    for name in ("a", "b", "c"):
+        balancer.add(name)
+    assert balancer.choose(lambda _t: True) == "a"
+    assert balancer.choose(lambda _t: True) == "b"
+    balancer.remove("a")
+    assert balancer.choose(lambda _t: True) == "c"
+    balancer.remove("c")
+    assert balancer.choose(lambda _t: True) == "b"
+    balancer.remove("b")
+    assert balancer.choose(lambda _t: True) is None
+    assert len(balancer) == 0
+
+
+def test_ledger_settles_the_right_producer_out_of_order() -> None:
+    ledger: SettlementLedger[str, int, str] = SettlementLedger()
+    for n in range(5):
+        ledger.record(link="consumer", sent=n, carries=f"producer-{n}")
+    assert ledger.settle(link="consumer", sent=3) == "producer-3"
+    assert ledger.settle(link="consumer", sent=0) == "producer-0"
+    assert ledger.settle(link="consumer", sent=3) is None
+    assert ledger.unsettled_on("consumer") == 3
+    assert ledger.release_link("consumer") == ["producer-1", "producer-2", "producer-4"]
+    assert len(ledger) == 0
+    assert ledger.settle(link="consumer", sent=1) is None
+
+
+def test_copy_queue_holds_then_drops_the_oldest_and_counts() -> None:
+    queue: CopyQueue[int] = CopyQueue(limit=3)
+    assert queue.offer(1, credit=1) == [1]
+    for n in range(2, 7):
+        assert queue.offer(n, credit=0) == []
+    assert queue.dropped == 2
+    assert queue.take(credit=2) == [4, 5]
+    assert queue.offer(7, credit=5) == [6, 7]
+    assert len(queue) == 0
+
+
+def test_dynamic_addresses_name_their_router_and_are_unique() -> None:
+    replies = ReplyAddresses("r2")
+    first, second = replies.allocate(), replies.allocate()
+    assert first != second
+    assert dynamic_owner(first) == "r2"
+    assert dynamic_owner("orders") is None
+    assert dynamic_owner("_dynamic/") is None
+    assert ReplyAddresses("r2").allocate() != first  # a restarted router never reuses one
+
+
+def test_resolve_known_dynamic_and_unknown() -> None:
+    config = RouterConfig(
+        generation=1,
+        space="shop",
+        addresses={"calls": AddressRoute(address="calls", distribution=Distribution.ANYCAST)},
+    )
+    assert resolve("calls", config=config).direct
+    reply = resolve("_dynamic/r9/x.1", config=config)
+    assert reply.direct
+    assert reply.owner == "r9"
+    with pytest.raises(UnknownAddress) as raised:
+        resolve("nope", config=config)
+    assert str(raised.value) == "no address 'nope' in space 'shop'"

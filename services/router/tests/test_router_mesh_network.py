@@ -1,0 +1,212 @@
+"""The router mesh with real router processes: anycast and outcomes across routers,
+request-response over two routers, multicast to consumers on two routers, and a router killed
+with SIGKILL under load while failover clients carry on."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from enmasse.common.amqp import codec
+from enmasse.common.amqp.client import AmqpError, Client
+from enmasse.common.amqp.engine import Condition, Outcome, Terminus
+from tests.fixtures.router import RouterFleet, RouterProcess
+
+ADDRESSES = {"work": "anycast", "rpc": "anycast", "news": "multicast"}
+
+
+@pytest.fixture
+def pair(routers: RouterFleet) -> tuple[RouterProcess, RouterProcess]:
+    r1, r2 = routers.start("r1"), routers.start("r2")
+    routers.apply_all(routers.mesh_config(generation=1, addresses=ADDRESSES))
+    routers.wait_for_mesh()
+    return r1, r2
+
+
+@pytest.fixture
+def clients() -> Iterator[list[Client]]:
+    opened: list[Client] = []
+    yield opened
+    for c in opened:
+        c.close()
+
+
+def _connect(router: RouterProcess, opened: list[Client]) -> Client:
+    opened.append(Client("127.0.0.1", router.amqp_port))
+    return opened[-1]
+
+
+def _wait_remote(router: RouterProcess, address: str, count: int) -> None:
+    """Until `router` sees consumers for `address` on `count` other routers."""
+    deadline = time.monotonic() + 10
+    while True:
+        stats = router.address_stats(address)
+        if stats is not None and stats.remote_routers == count:
+            return
+        assert time.monotonic() < deadline, f"{address}: {stats}"
+        time.sleep(0.02)
+
+
+def test_anycast_and_its_outcome_cross_routers(
+    pair: tuple[RouterProcess, RouterProcess], clients: list[Client]
+) -> None:
+    r1, r2 = pair
+    producer = _connect(r1, clients).sender("work")
+    assert r1.address_stats("work").producers == 1  # type: ignore[union-attr]
+    assert clients[0]._call(lambda: producer.link.credit) == 0  # type: ignore[union-attr]
+    consumer = _connect(r2, clients).receiver("work", credit=10)
+    first = producer.send_async(codec.encode_message(b"1"))
+    second = producer.send_async(codec.encode_message(b"2"))
+    consumer.accept(consumer.receive(10))
+    consumer.settle(
+        consumer.receive(10), Outcome.REJECTED, error=Condition("app:no", "not this one")
+    )
+    assert first.result(10).outcome is Outcome.ACCEPTED
+    rejected = second.result(10)
+    assert rejected.outcome is Outcome.REJECTED
+    assert rejected.error == Condition("app:no", "not this one")
+
+
+def test_request_response_over_two_routers(
+    pair: tuple[RouterProcess, RouterProcess], clients: list[Client]
+) -> None:
+    r1, r2 = pair
+    server = _connect(r1, clients)
+    requests = server.receiver("rpc", credit=10)
+    replies_out = server.sender(None)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                request = requests.receive(0.2)
+            except (TimeoutError, AmqpError):
+                continue
+            body = codec.read_body(request.payload)
+            reply = codec.encode_message(body.upper(), to=request.reply_to)
+            replies_out.send_async(reply)
+            requests.accept(request)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        client = _connect(r2, clients)
+        replies = client.receiver(None, source=Terminus(dynamic=True), credit=10)
+        assert replies.address is not None
+        assert replies.address.startswith("_dynamic/r2/")
+        _wait_remote(r2, "rpc", 1)
+        ask = client.sender("rpc")
+        for word in (b"one", b"two", b"three"):
+            sent = ask.send(codec.encode_message(word, reply_to=replies.address))
+            assert sent.outcome is Outcome.ACCEPTED
+            answer = replies.receive(10)
+            replies.accept(answer)
+            assert codec.read_body(answer.payload) == word.upper()
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+def test_multicast_reaches_five_consumers_on_two_routers(
+    pair: tuple[RouterProcess, RouterProcess], clients: list[Client]
+) -> None:
+    r1, r2 = pair
+    near, far = _connect(r1, clients), _connect(r2, clients)
+    receivers = [near.receiver("news", credit=100) for _ in range(3)]
+    receivers += [far.receiver("news", credit=100) for _ in range(2)]
+    _wait_remote(r1, "news", 1)
+    sender = _connect(r1, clients).sender("news")
+    for n in range(50):
+        assert sender.send(codec.encode_message(str(n).encode())).outcome is Outcome.ACCEPTED
+    for receiver in receivers:
+        got = [int(codec.read_body(receiver.receive(10).payload)) for _ in range(50)]
+        assert got == list(range(50))
+    stats = r1.address_stats("news")
+    assert stats is not None
+    assert stats.deliveries_in == 50
+    assert stats.dropped == 0
+
+
+class _FailoverConsumer:
+    """Receives from `address` on the first router that answers; on loss, on the next one."""
+
+    def __init__(self, ports: list[int], address: str) -> None:
+        self.ports = ports
+        self.address = address
+        self.received: set[int] = set()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        turn = 0
+        deadline = time.monotonic() + 90
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            port = self.ports[turn % len(self.ports)]
+            turn += 1
+            try:
+                with Client("127.0.0.1", port, timeout=5) as client:
+                    receiver = client.receiver(self.address, credit=50)
+                    while not self.stop.is_set():
+                        try:
+                            delivery = receiver.receive(0.2)
+                        except TimeoutError:
+                            continue
+                        self.received.add(int(codec.read_body(delivery.payload)))
+                        receiver.accept(delivery)
+            except (AmqpError, OSError, TimeoutError, ConnectionError):
+                time.sleep(0.1)
+
+
+@pytest.mark.soak
+def test_kill_one_of_three_routers_under_load(routers: RouterFleet) -> None:
+    r1, r2, r3 = routers.start("r1"), routers.start("r2"), routers.start("r3")
+    routers.apply_all(routers.mesh_config(generation=1, addresses=ADDRESSES))
+    routers.wait_for_mesh()
+    consumers = [
+        _FailoverConsumer([r2.amqp_port, r3.amqp_port], "work"),
+        _FailoverConsumer([r3.amqp_port, r2.amqp_port], "work"),
+    ]
+    accepted: set[int] = set()
+    total = 3000
+    next_number = 0
+    killed_at = None
+    ports = [r1.amqp_port, r2.amqp_port]
+    turn = 0
+    deadline = time.monotonic() + 90
+    try:
+        while len(accepted) < total and time.monotonic() < deadline:
+            port = ports[min(turn, len(ports) - 1)]
+            turn += 1
+            try:
+                with Client("127.0.0.1", port, timeout=5) as client:
+                    sender = client.sender("work")
+                    while len(accepted) < total:
+                        batch = [n for n in range(next_number, min(next_number + 100, total))]
+                        batch += [n for n in range(next_number) if n not in accepted][:100]
+                        futures = {n: sender.send_async(codec.encode_message(str(n).encode())) for n in batch}
+                        next_number = max(next_number, max(batch) + 1)
+                        for n, future in futures.items():
+                            if future.result(15).outcome is Outcome.ACCEPTED:
+                                accepted.add(n)
+                        if killed_at is None and len(accepted) >= total // 3:
+                            killed_at = len(accepted)
+                            r1.kill()
+            except (AmqpError, OSError, TimeoutError, ConnectionError):
+                time.sleep(0.1)
+        assert killed_at is not None
+        assert len(accepted) == total  # traffic resumed after the kill, through r2
+        deadline = time.monotonic() + 20
+        while not accepted <= (consumers[0].received | consumers[1].received):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert sorted(r2.stats().reachable_routers) == ["r3"]
+        assert sorted(r3.stats().reachable_routers) == ["r2"]
+    finally:
+        for consumer in consumers:
+            consumer.stop.set()
+        for consumer in consumers:
+            consumer.thread.join(10)
