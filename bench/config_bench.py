@@ -8,9 +8,11 @@ temp dir, measures, prints a table and stops both by PID:
 - watch fan-out latency: from just before CreateAddress is sent to the ADDED event seen by each of
   10 watchers (p50 / p99 over every (create, watcher) pair);
 - List of 10,000 addresses in one space (seconds per ListAddresses call; the 10,000 are written by
-  Apply in batches of 500).
+  Apply in batches of 500), and the create rate in that crowded space (a write costs no scan of
+  its space: it checks against the service's in-memory catalog).
 
-Run: `.venv/bin/python -m bench.config_bench [--creates N] [--fanout N] [--list-size N]`.
+Run: `.venv/bin/python -m bench.config_bench [--creates N] [--fanout N] [--list-size N]`, or
+through the shared harness: `.venv/bin/python -m bench config [--quick]`.
 The machine's cores are shared with whatever else runs: read the figures as orders of magnitude.
 """
 
@@ -21,12 +23,14 @@ import asyncio
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 from enmasse.common.validation import resource_of
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
+from bench.harness import Context, Table, suite
 from tests.fixtures.config_service import ConfigProcess
 from tests.fixtures.etcd import EtcdProcess
 
@@ -154,6 +158,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[tuple[str, str]]:
             config.target, watchers=10, creates=args.fanout, space="fan"
         )
         listing = await list_time(config.target, size=args.list_size, space="big")
+        crowded = await create_rate(config.target, clients=1, creates=args.creates, space="big")
     finally:
         config.stop()
         etcd.stop()
@@ -169,7 +174,27 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[tuple[str, str]]:
             f"{percentile(latencies, 0.99) * 1000:.1f} ms",
         ),
         (f"ListAddresses of {args.list_size} addresses", f"{listing:.3f} s"),
+        (
+            f"address create rate, 1 client, in a space of {args.list_size} addresses",
+            f"{crowded:.0f} ops/s",
+        ),
     ]
+
+
+@suite("config", "config service: create rate, watch fan-out, List of 10,000 addresses")
+def config_suite(ctx: Context) -> Iterator[Table]:
+    """The same measurements through the shared harness (`python -m bench config [--quick]`)."""
+    args = argparse.Namespace(
+        creates=80 if ctx.quick else 400,
+        fanout=40 if ctx.quick else 200,
+        list_size=2_000 if ctx.quick else 10_000,
+    )
+    with tempfile.TemporaryDirectory(prefix="config-bench-") as tmp:
+        rows = asyncio.run(run(args, Path(tmp)))
+    table = Table(title="Config service", columns=["measure", "value"])
+    for name, value in rows:
+        table.add(name, value)
+    yield table
 
 
 def main() -> None:

@@ -150,6 +150,7 @@ class Throughput:
     seconds: float
     client_cpu_us: float  # CPU of all client processes per message received
     errors: list[str]
+    peer_cpu_us: float | None = None  # CPU of the peer process (peer_pid) per message received
 
     @property
     def rate(self) -> float:
@@ -225,12 +226,14 @@ def throughput(
     time_limit: float = 120.0,
     user: str | None = None,
     password: str | None = None,
+    peer_pid: int | None = None,
 ) -> Throughput:
     """N messages through a peer (broker, router, RabbitMQ) from producer to consumer processes.
 
     `address` may be one address (every producer and consumer uses it) or one per pair
     (address[i % len] for producer i and consumer i). Consumers stop at their share or after
-    2 s with nothing new (competing consumers cannot know their share).
+    2 s with nothing new (competing consumers cannot know their share). peer_pid: the peer's
+    process, whose CPU per message is reported too (from /proc, so any process will do).
     """
     addresses = [address] if isinstance(address, str) else list(address)
     out, ready = _SPAWN.Queue(), [_SPAWN.Event() for _ in range(consumers)]
@@ -276,10 +279,28 @@ def throughput(
         )
         for i in range(producers)
     ]
+    peer_cpu_before = process_cpu_seconds(peer_pid) if peer_pid else 0.0
     for proc in senders:
         proc.start()
     results = _collect(out, [*receivers, *senders], time_limit=time_limit)
-    return _summarize(results, producers=producers, consumers=consumers, size=size, settled=settled)
+    summary = _summarize(
+        results, producers=producers, consumers=consumers, size=size, settled=settled
+    )
+    if peer_pid and summary.received:
+        # Includes the consumers' 2 s idle wait, during which an idle peer burns ~nothing.
+        used = process_cpu_seconds(peer_pid) - peer_cpu_before
+        summary.peer_cpu_us = used / summary.received * 1e6
+    return summary
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process (all its threads) has used so far, from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def ceiling_throughput(
@@ -452,6 +473,7 @@ THROUGHPUT_COLUMNS = [
     "received",
     "msgs/s",
     "client CPU µs/msg",
+    "peer CPU µs/msg",
     "errors",
 ]
 
@@ -465,6 +487,7 @@ def throughput_row(table: Table, result: Throughput) -> None:
         result.received,
         result.rate,
         result.client_cpu_us,
+        "-" if result.peer_cpu_us is None else result.peer_cpu_us,
         "; ".join(result.errors) or "-",
     )
 
@@ -495,6 +518,7 @@ def throughput_table(
     size: int = 100,
     user: str | None = None,
     password: str | None = None,
+    peer_pid: int | None = None,
 ) -> Table:
     """The standard set through one peer: 1/1 and 4/4, acked and pre-settled."""
     table = Table(title, THROUGHPUT_COLUMNS)
@@ -511,6 +535,7 @@ def throughput_table(
                 settled=settled,
                 user=user,
                 password=password,
+                peer_pid=peer_pid,
             )
             throughput_row(table, result)
     return table
@@ -568,11 +593,13 @@ def machine_note() -> str:
     )
 
 
-def run(names: Sequence[str], *, quick: bool, record: bool, command: str) -> int:
+def run(
+    names: Sequence[str], *, quick: bool, record: bool, command: str, results: Path = RESULTS
+) -> int:
     from rich.console import Console
     from rich.table import Table as RichTable
 
-    console = Console()
+    console = Console(width=max(Console().width, 150))
     ctx = Context(quick=quick, record=record, command=command)
     unknown = [n for n in names if n not in SUITES]
     if unknown:
@@ -596,12 +623,18 @@ def run(names: Sequence[str], *, quick: bool, record: bool, command: str) -> int
                 console.print(extra)
             tables.append(table)
         if record:
-            _append_results(name, tables, started=started, note=note, command=command)
+            _append_results(results, name, tables, started=started, note=note, command=command)
     return 0
 
 
 def _append_results(
-    name: str, tables: Sequence[Table], *, started: datetime, note: str, command: str
+    path: Path,
+    name: str,
+    tables: Sequence[Table],
+    *,
+    started: datetime,
+    note: str,
+    command: str,
 ) -> None:
     block = [
         f"### {name} ({started:%Y-%m-%d %H:%M} UTC)",
@@ -610,7 +643,7 @@ def _append_results(
         "",
         *[t.markdown() + "\n" for t in tables],
     ]
-    with RESULTS.open("a") as results:
+    with path.open("a") as results:
         results.write("\n" + "\n".join(block) + "\n")
 
 
@@ -623,6 +656,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the registered suites")
     parser.add_argument("--quick", action="store_true", help="a tenth of the messages")
     parser.add_argument("--record", action="store_true", help="append the tables to RESULTS.md")
+    parser.add_argument(
+        "--results", type=Path, default=RESULTS, help="the file --record appends to"
+    )
     args = parser.parse_args(argv)
     for problem in broken:
         sys.stderr.write(f"bench module not loaded: {problem}\n")
@@ -631,4 +667,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(f"{registered.name:12} {registered.description}\n")
         return 0
     command = "python -m bench " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    return run(args.suites or ["client"], quick=args.quick, record=args.record, command=command)
+    return run(
+        args.suites or ["client"],
+        quick=args.quick,
+        record=args.record,
+        command=command,
+        results=args.results,
+    )

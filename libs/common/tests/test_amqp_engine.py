@@ -356,3 +356,71 @@ def test_drain_gives_back_unused_credit(amqp_listener, amqp_client):
     assert codec.read_body(receiver.receive().payload) == b"only one"
     assert wait_for(lambda: drained == [9])
     assert wait_for(lambda: client._call(lambda: receiver.link.credit) == 0)
+
+
+def test_terminus_properties_reach_the_peer(amqp_listener, amqp_client):
+    from proton import Described, symbol
+
+    seen: list[Link] = []
+
+    class Inspector(ConnectionHandler):
+        def on_link_attach(self, link: Link) -> None:
+            seen.append(link)
+            link.accept()
+
+    _engine, port = amqp_listener(Inspector)
+    selector = Described(symbol("apache.org:selector-filter:string"), "colour = 'red'")
+    amqp_client(port, container_id="subscriber").receiver(
+        "news",
+        name="my-subscription",
+        source=Terminus(
+            address="news",
+            durable=2,
+            expiry_policy="never",
+            distribution_mode="copy",
+            capabilities=("topic", "shared"),
+            filter={"selector": selector},
+        ),
+    )
+    link = seen[0]
+    assert (link.name, link.address, link.is_sender) == ("my-subscription", "news", True)
+    assert link.source.durable == 2
+    assert link.source.expiry_policy == "never"
+    assert link.source.distribution_mode == "copy"
+    assert link.source.capabilities == ("topic", "shared")
+    assert link.source.filter == {"selector": selector}
+    assert link.connection.container_id == "subscriber"
+
+
+def test_open_frame_properties_and_capabilities_both_ways(amqp_listener, amqp_client):
+    seen: list[tuple[dict, tuple, tuple]] = []
+
+    class Router(ConnectionHandler):
+        def on_connection_open(self, conn: Connection) -> None:
+            seen.append(
+                (
+                    conn.remote_properties,
+                    conn.remote_desired_capabilities,
+                    conn.remote_offered_capabilities,
+                )
+            )
+
+    _engine, port = amqp_listener(
+        Router, properties={"product": "enmasse-router"}, offered_capabilities=("ANONYMOUS-RELAY",)
+    )
+    client = amqp_client(port, properties={"role": "inter-router"}, desired_capabilities=("x",))
+    assert seen == [({"role": "inter-router"}, ("x",), ())]
+    conn = client.connection
+    assert client.call(lambda: conn.remote_offered_capabilities) == ("ANONYMOUS-RELAY",)
+    assert client.call(lambda: conn.remote_properties) == {"product": "enmasse-router"}
+
+
+def test_submit_returns_results_and_errors_across_threads(amqp_listener):
+    engine, _port = amqp_listener(ConnectionHandler)
+    names = engine.submit(lambda: threading.current_thread().name).result(5)
+    assert names.startswith("amqp-listener-")
+    failing = engine.submit(lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        failing.result(5)
+    # The engine survived the error and still runs callables.
+    assert engine.submit(lambda: "still serving").result(5) == "still serving"

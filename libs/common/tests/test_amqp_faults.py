@@ -331,3 +331,51 @@ def test_sasl_plain_checks_passwords(amqp_client, sasl_users):
     finally:
         proc.kill()
         proc.wait(5)
+
+
+def test_handler_that_raises_closes_only_its_connection(amqp_listener, amqp_client):
+    journal = Journal()
+
+    class Fragile(Recorder):
+        def on_message(self, link: Link, delivery: Delivery) -> None:
+            if codec.read_body(delivery.payload) == b"boom":
+                raise RuntimeError("handler bug")
+            super().on_message(link, delivery)
+
+    _engine, port = amqp_listener(lambda: Fragile(journal))
+    victim = amqp_client(port, container_id="victim")
+    bystander = amqp_client(port, container_id="bystander").sender("in")
+    with pytest.raises(AmqpError, match="amqp:internal-error"):
+        victim.sender("in").send(codec.encode_message(b"boom"))
+    assert victim.closed_with.result(5) == Condition("amqp:internal-error", "internal error")
+    assert bystander.send(codec.encode_message(b"fine")).outcome == Outcome.ACCEPTED
+    assert [e[1] for e in journal.of("close")] == ["victim"]
+
+
+def test_connection_refused_in_on_connection_open(amqp_listener, amqp_client):
+    class Bouncer(ConnectionHandler):
+        def on_connection_open(self, conn: Connection) -> None:
+            conn.close(Condition("amqp:resource-limit-exceeded", "max connections (0) reached"))
+
+    _engine, port = amqp_listener(Bouncer)
+    with pytest.raises(AmqpError) as refused:
+        amqp_client(port)
+    assert str(refused.value) == (
+        "connection refused: amqp:resource-limit-exceeded: max connections (0) reached"
+    )
+
+
+def test_many_clients_at_once_each_get_their_messages(amqp_listener, amqp_client):
+    journal = Journal()
+    _engine, port = amqp_listener(lambda: Recorder(journal))
+    senders = [amqp_client(port, container_id=f"c{i}").sender("in") for i in range(20)]
+    futures = [
+        sender.send_async(codec.encode_message(f"{i}-{n}".encode()))
+        for i, sender in enumerate(senders)
+        for n in range(50)
+    ]
+    assert {f.result(10).outcome for f in futures} == {Outcome.ACCEPTED}
+    bodies = [codec.read_body(m).decode() for m in journal.messages]
+    assert len(bodies) == 1000
+    for i in range(20):
+        assert [b for b in bodies if b.startswith(f"{i}-")] == [f"{i}-{n}" for n in range(50)]

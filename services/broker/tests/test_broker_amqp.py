@@ -281,3 +281,43 @@ def test_admin_refuses_bad_names_with_invalid_argument_and_changes_nothing(
     with pytest.raises(grpc.RpcError) as caught:
         broker.admin().EnsureQueue(broker_pb2.EnsureAddressRequest(name="x", plan=plan), timeout=5)
     assert "max_delivery_attempts must be >= 0" in caught.value.details()
+
+
+def test_shared_durable_subscription_is_one_queue_for_several_connections(
+    broker: BrokerProcess,
+) -> None:
+    broker.ensure_topic("prices")
+    shared = Terminus(address="prices", durable=2, expiry_policy="never", capabilities=("shared",))
+    with client(broker, container_id="a") as a, client(broker, container_id="b") as b:
+        first = a.receiver("prices", name="ticker|global", source=shared, credit=1)
+        second = b.receiver("prices", name="ticker|global", source=shared, credit=1)
+        sender = a.sender("prices")
+        for i in range(4):
+            sender.send(message(f"p{i}"))
+        got = []
+        for receiver in (first, second, first, second):
+            delivery = receiver.receive()
+            got.append(body(delivery.payload))
+            receiver.accept(delivery)
+        assert sorted(got) == ["p0", "p1", "p2", "p3"]
+        listed = broker.addresses()
+        assert listed["prices::ticker"].durable
+        assert listed["prices::ticker"].consumers == 2
+        assert listed["prices"].enqueued == 4
+
+
+def test_admin_lists_counters_and_deletes_topics(broker: BrokerProcess) -> None:
+    broker.ensure_queue("q")
+    broker.ensure_topic("t")
+    with client(broker) as c:
+        receiver = c.receiver("q")
+        for i in range(3):
+            c.sender("q").send(message(f"m{i}"))
+        receiver.accept(receiver.receive())
+        listed = broker.addresses()["q"]
+        assert (listed.enqueued, listed.dequeued, listed.consumers) == (3, 1, 1)
+        c.receiver("t", name="keep", source=durable_source("t")).detach()
+        c.sender("t").send(message("kept", durable=True))
+    deleted = broker.admin().DeleteTopic(broker_pb2.DeleteAddressRequest(name="t"), timeout=5)
+    assert deleted.messages_deleted == 1
+    assert sorted(broker.addresses()) == ["q"]

@@ -96,11 +96,38 @@ def test_fully_acknowledged_segments_are_reclaimed_oldest_first(tmp_path: Path) 
     for i in range(1, 4):
         fill(journal, 1, first=i)
         journal.commit()  # message i in a segment of its own
-    assert len(list(tmp_path.glob("*.jnl"))) == 4  # three full, one open
+    assert len(list(tmp_path.glob("*.jnl"))) == 3
     journal.ack(msg_id=2, queue="q")
-    journal.commit()
-    assert len(list(tmp_path.glob("*.jnl"))) == 5  # 2's segment waits behind 1's
+    journal.commit()  # the ack goes to a fourth segment
+    assert len(list(tmp_path.glob("*.jnl"))) == 4  # 2's segment waits behind 1's
     journal.ack(msg_id=1, queue="q")
     journal.commit()
-    assert len(list(tmp_path.glob("*.jnl"))) == 4
+    assert len(list(tmp_path.glob("*.jnl"))) == 3  # 1 and 2 reclaimed; 3, 4 and the open one
     assert recovered_ids(tmp_path) == [3]
+
+
+def test_group_committer_settles_after_its_fsync_and_batches_what_came_meanwhile(
+    tmp_path: Path,
+) -> None:
+    import queue
+
+    from enmasse.broker.journal import GroupCommitter
+
+    journal = Journal(tmp_path)
+    journal.recover()
+    posted: queue.SimpleQueue = queue.SimpleQueue()
+    committer = GroupCommitter(journal, post=posted.put, on_failure=lambda exc: None)
+    settled: list[int] = []
+    fill(journal, 1)
+    journal.after_commit(lambda: settled.append(1))
+    committer.kick()
+    for i in range(2, 101):  # arrive while the first batch is being written
+        fill(journal, 1, first=i)
+        journal.after_commit(lambda i=i: settled.append(i))
+        committer.kick()  # busy: nothing handed over yet
+    while len(settled) < 100:
+        posted.get(timeout=10)()  # what the engine thread would run
+    assert settled == list(range(1, 101))
+    assert journal.commits == 2  # the 99 that came meanwhile share ONE fsync
+    committer.stop()
+    assert recovered_ids(tmp_path) == list(range(1, 101))

@@ -217,3 +217,15 @@ def test_broker_wide_budget_is_shared() -> None:
     queue.settle(consumer, consumer.got[0], Settlement.ACCEPTED)
     assert woken == ["b"]
     assert broker.has_room("b")
+
+
+def test_message_that_expired_while_out_is_reaped_once_it_comes_back() -> None:
+    q, removed = filled(0)
+    q.enqueue(Entry(id=1, payload=b"a", expires_at=1000))
+    a = Recorder("a", 1)
+    q.add_consumer(a)
+    q.dispatch(0)
+    assert q.reap(2000) == 0  # out with a consumer: not the reaper's
+    q.remove_consumer(a)
+    assert q.reap(2000) == 1
+    assert removed == [(1, Removal.EXPIRED)]

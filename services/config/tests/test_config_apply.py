@@ -250,3 +250,45 @@ async def test_prune_of_plans_in_use_is_refused(config_stub) -> None:
         for p in (await config_stub.ListAddressPlans(config_pb2.ListRequest())).items
     ]
     assert "p-queue" in names
+
+
+async def test_a_batch_larger_than_etcd_takes_is_refused_whole(tmp_path, etcd_prefix) -> None:
+    from tests.fixtures.etcd import EtcdProcess
+
+    small = EtcdProcess(data_dir=tmp_path / "small-etcd", extra_args=["--max-txn-ops=16"])
+    small.start()
+    config = None
+    try:
+        config = await start_in_process(etcd_endpoint=small.endpoint, prefix=etcd_prefix)
+        async with grpc.aio.insecure_channel(config.target) as channel:
+            stub = config_pb2_grpc.ConfigServiceStub(channel)
+            await apply(stub, [space()])
+            before = await stub.ListAddresses(config_pb2.ListRequest())
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                await apply(stub, [queue(f"q{n}") for n in range(20)])
+            assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert error.value.details() == (
+                "the store refused the request: etcdserver: too many operations in txn request"
+            )
+            after = await stub.ListAddresses(config_pb2.ListRequest())
+            assert after.revision == before.revision
+            assert list(after.items) == []
+            fits = await apply(stub, [queue(f"q{n}") for n in range(10)])
+            assert [Action.Name(r.action) for r in fits.results] == ["CREATED"] * 10
+    finally:
+        if config is not None:
+            await stop_in_process(config)
+        small.kill()
+
+
+async def test_pruning_the_space_itself_cascades(config_stub) -> None:
+    await apply(config_stub, [space(), queue("a"), queue("b")])
+    await apply(config_stub, [queue("mine")], manager="cli")
+    pruned = await apply(config_stub, [], prune=True)
+    assert actions(pruned) == [
+        ("Address", "a", "PRUNED"),
+        ("Address", "b", "PRUNED"),
+        ("AddressSpace", "shop", "PRUNED"),
+    ]
+    assert await addresses(config_stub) == {}, "the space went, and all it held"
+    assert not (await config_stub.ListAddressSpaces(config_pb2.ListRequest())).items

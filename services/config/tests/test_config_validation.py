@@ -108,6 +108,10 @@ def test_default_plans_are_valid_and_a_valid_address_passes() -> None:
             "'orders-' is not a DNS-1123 label (lower-case letters, digits and '-', starting and ending with a letter or digit)",
         ),
         (
+            "orders\n",
+            "'orders\n' is not a DNS-1123 label (lower-case letters, digits and '-', starting and ending with a letter or digit)",
+        ),
+        (
             "or.ders",
             "'or.ders' is not a DNS-1123 label (lower-case letters, digits and '-', starting and ending with a letter or digit)",
         ),
@@ -442,3 +446,21 @@ def test_a_topic_read_by_subscriptions_cannot_be_deleted() -> None:
         "Address shop/news: metadata.name: is the topic of subscription 'sub'"
     ]
     assert validate_delete(("Address", "shop", "sub"), catalog=catalog) == []
+
+
+def test_the_address_index_follows_put_and_remove() -> None:
+    catalog = catalog_with(space())
+    catalog.address_index()  # built now, kept current from here on
+    catalog.put(address("a", address_string="x"))
+    catalog.put(address("b", plan="standard-large-queue"))
+    catalog.put(address("a", address_string="y"))  # a moves from x to y
+    catalog.remove(("Address", "shop", "b"))
+    index = catalog.address_index()
+    assert index.holders("shop", "x") == set()
+    assert index.holders("shop", "y") == {"a"}
+    assert index.count_without("shop", "new") == 1
+    assert index.credit_without("shop", "new") == pytest.approx(0.01)
+    assert messages(address("c", address_string="y"), catalog) == [
+        "Address shop/c: spec.address: address 'y' is already used by address 'a' in address space 'shop'"
+    ]
+    assert messages(address("c", address_string="x"), catalog) == []

@@ -141,7 +141,10 @@ async def test_cascade_delete_streams_every_deletion(config_stub) -> None:
     events = await take(call, 3)
     call.cancel()
     assert sorted(seen(events)) == [("DELETED", "q1"), ("DELETED", "q2"), ("DELETED", "shop")]
-    assert {e.revision for e in events} == {deleted.revision}, "one transaction, one revision"
+    revision = deleted.revision
+    assert [e.revision for e in events] == [revision - 1, revision - 1, revision], (
+        "one transaction; only its last event is a resume point past it"
+    )
 
 
 class Recorder:
@@ -311,10 +314,13 @@ async def test_filtered_changes_still_move_the_resume_revision(config_stub, monk
 async def test_informer_view_and_a_failing_handler(config_server, config_stub) -> None:
     await config_stub.CreateAddressSpace(space("shop"))
     seen_names: list[str] = []
+    done = asyncio.Event()
 
     def on_added(resource: resources_pb2.Resource) -> None:
         name = object_of(resource).metadata.name
         seen_names.append(name)
+        if name == "after":
+            done.set()
         if name == "boom":
             raise RuntimeError("a controller bug")
 
@@ -324,9 +330,7 @@ async def test_informer_view_and_a_failing_handler(config_server, config_stub) -
         await asyncio.wait_for(informer.synced.wait(), 15)
         await config_stub.CreateAddress(queue("boom"))
         last = await config_stub.CreateAddress(queue("after"))
-        async with asyncio.timeout(15):
-            while informer.revision < last.metadata.resource_version:
-                await asyncio.sleep(0.02)  # noqa: ASYNC110  (polls a plain attribute, bounded)
+        await asyncio.wait_for(done.wait(), 15)
     finally:
         await informer.stop()
     assert seen_names == ["boom", "after"]
@@ -338,3 +342,37 @@ async def test_informer_view_and_a_failing_handler(config_server, config_stub) -
         "boom",
     ]
     assert informer.list("Address", space="elsewhere") == []
+
+
+async def test_informer_cut_inside_a_transaction_replays_it_without_repeats(
+    config_server, config_stub
+) -> None:
+    await config_stub.CreateAddressSpace(space("shop"))
+    for name in ("q1", "q2", "q3"):
+        await config_stub.CreateAddress(queue(name))
+    recorder = Recorder()
+    informer = recorder.informer(config_server.target, kinds=["Address"])
+    informer.start()
+    try:
+        await asyncio.wait_for(informer.synced.wait(), 15)
+        deleted = await config_stub.DeleteAddressSpace(
+            config_pb2.DeleteRequest(ref=Ref(name="shop"))
+        )
+        await recorder.until(6)
+        await informer.stop()
+        # as if the stream broke after the first deletion: its resume point is before the txn
+        informer.revision = deleted.revision - 1
+        informer._cache[("Address", "shop", "q3")] = resource_of_address("q3")
+        informer.start()
+        await recorder.until(7)
+        await asyncio.sleep(0.3)  # room for a (wrong) repeated event to show up
+    finally:
+        await informer.stop()
+    assert recorder.calls[:3] == [("added", "q1"), ("added", "q2"), ("added", "q3")]
+    assert sorted(recorder.calls[3:6]) == [("deleted", "q1"), ("deleted", "q2"), ("deleted", "q3")]
+    assert recorder.calls[6:] == [("deleted", "q3")], "only what the cache still held is told again"
+    assert informer.list("Address") == []
+
+
+def resource_of_address(name: str) -> resources_pb2.Resource:
+    return resources_pb2.Resource(address=queue(name))

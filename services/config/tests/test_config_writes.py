@@ -144,3 +144,11 @@ def test_prune_needs_a_manager() -> None:
     with pytest.raises(writes.Refused) as refused:
         writes.plan_apply(config_pb2.ApplyRequest(space="shop", prune=True), catalog=catalog())
     assert refused.value.message == "prune needs a manager"
+
+
+def test_etcd_endpoints_become_one_grpc_target() -> None:
+    from enmasse.config.store import channel_target
+
+    assert channel_target(["127.0.0.1:2379"]) == "127.0.0.1:2379"
+    assert channel_target(["127.0.0.1:1", "127.0.0.2:2"]) == "ipv4:127.0.0.1:1,127.0.0.2:2"
+    assert channel_target(["etcd-0.etcd:2379", "etcd-1.etcd:2379"]) == "etcd-0.etcd:2379"

@@ -9,10 +9,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
-
 from enmasse.common.amqp import codec
 from enmasse.common.amqp.client import AmqpError, Client
 from enmasse.common.amqp.engine import Condition, Outcome, Terminus
+
 from tests.fixtures.router import RouterFleet, RouterProcess
 
 ADDRESSES = {"work": "anycast", "rpc": "anycast", "news": "multicast"}
@@ -187,7 +187,10 @@ def test_kill_one_of_three_routers_under_load(routers: RouterFleet) -> None:
                     while len(accepted) < total:
                         batch = [n for n in range(next_number, min(next_number + 100, total))]
                         batch += [n for n in range(next_number) if n not in accepted][:100]
-                        futures = {n: sender.send_async(codec.encode_message(str(n).encode())) for n in batch}
+                        futures = {
+                            n: sender.send_async(codec.encode_message(str(n).encode()))
+                            for n in batch
+                        }
                         next_number = max(next_number, max(batch) + 1)
                         for n, future in futures.items():
                             if future.result(15).outcome is Outcome.ACCEPTED:

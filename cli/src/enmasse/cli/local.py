@@ -159,6 +159,10 @@ def program_commands(*, var: VarDir, ports: Ports) -> dict[str, list[str]]:
             f"--listen-peer-urls={peer}",
             f"--initial-advertise-peer-urls={peer}",
             f"--initial-cluster=enmasse={peer}",
+            # config commits a whole Apply batch as one transaction: etcd's defaults (128 ops,
+            # 1.5 MiB) would refuse a space of a few hundred addresses.
+            "--max-txn-ops=20000",
+            "--max-request-bytes=33554432",
         ],
         "config": [
             _bin("enmasse-config"),

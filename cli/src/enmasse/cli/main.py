@@ -6,6 +6,7 @@
     enmasse delete KIND NAME [--space S]
     enmasse watch KIND [--space S]               events until Ctrl-C
     enmasse validate -f FILE|DIR                 offline, for a manifests repo's CI (offline.py)
+    enmasse dashboard [--serve]                  the tracing dashboard (dashboard.py)
 
 Global options: `--server host:port` (else $ENMASSE_SERVER, else <var>/run/config.addr written by
 `up`, else 127.0.0.1:5680), `--var-dir` (else $ENMASSE_VAR, else ./var), `--timeout` (the deadline
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import click
 import structlog
+from enmasse.cli import dashboard as dashboard_view
 from enmasse.cli import local, offline
 from enmasse.cli.apply import batches, outcome_line
 from enmasse.cli.client import DEFAULT_TIMEOUT, CliError, ConfigClient, resolve_server
@@ -319,6 +321,24 @@ def status(settings: Settings) -> None:
     _print_spaces_and_addresses(settings, server=server)
     if any(r.state != "RUNNING" for r in rows):
         raise SystemExit(1)
+
+
+# ---------------------------------------------------------------- dashboard
+
+
+@cli.command()
+@click.option("--path", metavar="FILE|DIR", help="dashboard.html [<var-dir>/analytics]")
+@click.option("--serve", "serve_it", is_flag=True, help="serve over HTTP on loopback instead")
+@click.option("--port", type=int, default=0, show_default=True, help="with --serve; 0 = free")
+@pass_settings
+def dashboard(settings: Settings, path: str | None, serve_it: bool, port: int) -> None:
+    """Open the tracing dashboard `enmasse-analytics` wrote, or serve it (--serve)."""
+    page = dashboard_view.locate(var_root=settings.var.root, path=path)
+    if not serve_it:
+        click.echo(dashboard_view.open_in_browser(page))
+        return
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    dashboard_view.serve(page, port=port, announce=lambda url: click.echo(url))
 
 
 def main() -> None:

@@ -8,7 +8,8 @@ How it stays right:
 - it starts with a list (resource_version 0: ADDED..., SYNCED) and then follows the changes;
 - when the stream breaks (config restarted, network, etcd restarted behind config) it reconnects
   with back-off and resumes from `revision`, so it sees every change once, none missed, none
-  repeated;
+  repeated (a transaction cut in the middle is replayed whole by the server, and what the cache
+  already holds at that version is dropped here);
 - when the config service answers OUT_OF_RANGE (its revision was compacted away) it lists again
   and turns the difference between the old cache and the new list into handler calls (added,
   modified, deleted), so handlers never miss a deletion that happened while it was away.
@@ -134,6 +135,8 @@ class Informer:
 
     async def _apply(self, event: config_pb2.WatchEvent) -> None:
         key = key_of(event.object)
+        if _already_seen(self._cache.get(key), event):
+            return  # a transaction replayed after a break inside it (the server's resume points)
         if event.type == Event.DELETED:
             self._cache.pop(key, None)
             await self._call("deleted", event.object)
@@ -172,6 +175,12 @@ class Informer:
 
 class _WatchEnded(Exception):
     pass
+
+
+def _already_seen(cached: resources_pb2.Resource | None, event: config_pb2.WatchEvent) -> bool:
+    if event.type == Event.DELETED:
+        return cached is None
+    return cached is not None and _version(cached) == _version(event.object)
 
 
 def _version(resource: resources_pb2.Resource) -> int:

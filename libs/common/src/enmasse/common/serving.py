@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
+from enmasse.common import tracing
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -50,7 +51,9 @@ async def start_server(
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     options: Sequence[tuple[str, object]] = (),
 ) -> RunningServer:
-    server = grpc.aio.server(interceptors=list(interceptors), options=list(options))
+    # OpenTelemetry's interceptor first (when tracing is configured), so the span covers the rest.
+    traced = [*tracing.server_interceptors(), *interceptors]
+    server = grpc.aio.server(interceptors=traced, options=list(options))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = []

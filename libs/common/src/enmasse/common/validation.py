@@ -7,7 +7,7 @@ An empty list means the resource may be written.
 
 Why pure: the config service refuses bad input with these rules, and the CLI's offline
 `enmasse validate` runs the very same ones over manifests in git, so the two can never disagree.
-The config service gives the catalog as read from etcd in one consistent snapshot; the CLI builds
+The config service gives its catalog of the store, caught up to the last write; the CLI builds
 one from files.
 
 Whether a write is a create or an update is read from the catalog: an object already there under
@@ -39,7 +39,7 @@ MAX_ADDRESS_LENGTH = 255
 KINDS = ("AddressSpacePlan", "AddressPlan", "AddressSpace", "Address", "MessagingUser")
 SPACE_SCOPED_KINDS = ("Address", "MessagingUser")
 
-_DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # used with fullmatch
 _ONEOF_BY_KIND = {
     "AddressSpacePlan": "address_space_plan",
     "AddressPlan": "address_plan",
@@ -80,6 +80,14 @@ class Catalog:
     messaging_users: dict[tuple[str, str], resources_pb2.MessagingUser] = field(
         default_factory=dict
     )
+    _index: AddressIndex | None = field(default=None, init=False, repr=False, compare=False)
+
+    def address_index(self) -> AddressIndex:
+        """The index of the addresses, built on first use and kept current by put / remove
+        (change the catalog through those two once the index is in use)."""
+        if self._index is None:
+            self._index = AddressIndex(self.addresses.values(), plans=self.address_plans)
+        return self._index
 
     def get(self, key: Key) -> AnyObject | None:
         kind, space, name = key
@@ -91,10 +99,14 @@ class Catalog:
         obj = object_of(resource) if isinstance(resource, resources_pb2.Resource) else resource
         kind, space, name = key_of(obj)
         self._table(kind)[(space, name) if kind in SPACE_SCOPED_KINDS else name] = obj
+        if kind == "Address" and self._index is not None:
+            self._index.add(obj)
 
     def remove(self, key: Key) -> None:
         kind, space, name = key
         self._table(kind).pop((space, name) if kind in SPACE_SCOPED_KINDS else name, None)
+        if kind == "Address" and self._index is not None:
+            self._index.remove(space, name)
 
     def objects(self) -> Iterator[tuple[Key, AnyObject]]:
         """Every object with its key, without copying."""
@@ -159,7 +171,7 @@ def key_of(resource: resources_pb2.Resource | AnyObject) -> Key:
 
 def validate_resource(resource: resources_pb2.Resource, *, catalog: Catalog) -> list[Violation]:
     """Every rule the resource breaks, given what exists; empty when it may be written."""
-    index = _AddressIndex(catalog.addresses.values(), plans=catalog.address_plans)
+    index = catalog.address_index()
     return _Rules(resource, references=catalog, stored=catalog, used=index, counted=index).run()
 
 
@@ -272,8 +284,8 @@ def _validate_round(
         if i not in refused:
             references.put(resource)
     plans = references.address_plans
-    used = _AddressIndex(references.addresses.values(), plans=plans)
-    counted = _AddressIndex(catalog.addresses.values(), plans=plans)
+    used = references.address_index()
+    counted = AddressIndex(catalog.addresses.values(), plans=plans)
     newly: set[int] = set()
     for i, resource in enumerate(resources):
         if i in refused:
@@ -288,9 +300,13 @@ def _validate_round(
     return newly
 
 
-class _AddressIndex:
-    """Per address space: who uses each address string, how many addresses it holds and how
-    much broker credit they take; so that a batch of thousands is checked in linear time."""
+class AddressIndex:
+    """Per address space: who uses each address string, how many addresses it holds and which
+    plans they use (for broker credit), kept up to date object by object; so that one check in a
+    space of ten thousand addresses, or a batch of thousands, costs no scan of the space.
+
+    Credits are looked up in `plans` (a live dict) when asked, so a plan whose credit changes is
+    counted at its new credit."""
 
     def __init__(
         self,
@@ -300,18 +316,30 @@ class _AddressIndex:
     ) -> None:
         self._plans = plans
         self._holders: dict[tuple[str, str], set[str]] = {}
-        self._credits: dict[str, dict[str, float]] = {}
-        self._totals: dict[str, float] = {}
+        self._members: dict[str, dict[str, tuple[str, str]]] = {}  # space: name: (address, plan)
+        self._plan_counts: dict[str, dict[str, int]] = {}
         for address in addresses:
             self.add(address)
 
     def add(self, address: resources_pb2.Address) -> None:
+        """Adds an address, or replaces the one of the same space and name."""
         space, name = address.metadata.space, address.metadata.name
+        self.remove(space, name)
         self._holders.setdefault((space, address.spec.address), set()).add(name)
-        credit = self.credit(address.spec.plan)
-        members = self._credits.setdefault(space, {})
-        self._totals[space] = self._totals.get(space, 0.0) - members.get(name, 0.0) + credit
-        members[name] = credit
+        self._members.setdefault(space, {})[name] = (address.spec.address, address.spec.plan)
+        counts = self._plan_counts.setdefault(space, {})
+        counts[address.spec.plan] = counts.get(address.spec.plan, 0) + 1
+
+    def remove(self, space: str, name: str) -> None:
+        old = self._members.get(space, {}).pop(name, None)
+        if old is None:
+            return
+        address, plan = old
+        self._holders[(space, address)].discard(name)
+        counts = self._plan_counts[space]
+        counts[plan] -= 1
+        if not counts[plan]:
+            del counts[plan]
 
     def credit(self, plan_name: str) -> float:
         plan = self._plans.get(plan_name)
@@ -321,12 +349,14 @@ class _AddressIndex:
         return self._holders.get((space, address), set())
 
     def count_without(self, space: str, name: str) -> int:
-        members = self._credits.get(space, {})
+        members = self._members.get(space, {})
         return len(members) - (1 if name in members else 0)
 
     def credit_without(self, space: str, name: str) -> float:
-        members = self._credits.get(space, {})
-        return self._totals.get(space, 0.0) - members.get(name, 0.0)
+        counts = self._plan_counts.get(space, {})
+        total = sum(count * self.credit(plan) for plan, count in counts.items())
+        own = self._members.get(space, {}).get(name)
+        return total - (self.credit(own[1]) if own is not None else 0.0)
 
 
 # ------------------------------------------------------------------ the rules themselves
@@ -343,8 +373,8 @@ class _Rules:
         *,
         references: Catalog,
         stored: Catalog,
-        used: _AddressIndex,
-        counted: _AddressIndex,
+        used: AddressIndex,
+        counted: AddressIndex,
     ) -> None:
         self.resource = resource
         self.references = references
@@ -659,7 +689,7 @@ def _check_label(value: str, field_name: str, bad: Callable[[str, str], None]) -
         bad(field_name, "must not be empty")
     elif len(value) > 63:
         bad(field_name, f"must be at most 63 characters (got {len(value)})")
-    elif not _DNS_1123_LABEL.match(value):
+    elif not _DNS_1123_LABEL.fullmatch(value):
         bad(
             field_name,
             f"'{value}' is not a DNS-1123 label (lower-case letters, digits and '-', "

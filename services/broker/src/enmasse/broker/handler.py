@@ -24,6 +24,7 @@ import structlog
 from enmasse.broker.broker import Broker, NotFound, now_ms
 from enmasse.broker.config import Settings
 from enmasse.broker.entry import Entry
+from enmasse.broker.journal import GroupCommitter
 from enmasse.broker.queue import Queue, Settlement
 from enmasse.broker.topic import durable_identity
 from enmasse.common.amqp import codec
@@ -56,6 +57,13 @@ class Endpoint:
         self._to_dispatch: set[Queue] = set()
         self._reaper: Timer | None = None
         broker.dispatch_later = self.dispatch_later
+        self.committer = (
+            GroupCommitter(
+                broker.journal, post=engine.call_soon_threadsafe, on_failure=self._journal_failed
+            )
+            if broker.journal is not None
+            else None
+        )
 
     def listen(self) -> int:
         port = self.engine.listen(
@@ -74,6 +82,11 @@ class Endpoint:
             self._commit_scheduled = True
             self.engine.call_soon(self._commit)
 
+    def _journal_failed(self, exc: BaseException) -> None:
+        # Without a journal, accepting durable messages would be a lie: stop, let the
+        # supervisor restart us on a working disk, recover what was fsync'd.
+        self.engine.stop()
+
     def dispatch_later(self, queue: Queue) -> None:
         """New messages go out once per loop turn, in one batch per queue."""
         if not self._to_dispatch:
@@ -88,7 +101,15 @@ class Endpoint:
 
     def _commit(self) -> None:
         self._commit_scheduled = False
-        self.broker.commit()
+        if self.committer is not None:
+            self.committer.kick()
+        else:
+            self.broker.commit()
+
+    def stop(self) -> None:
+        """Engine loop over: let the writer finish what it holds."""
+        if self.committer is not None:
+            self.committer.stop()
 
     def _reap(self) -> None:
         reaped = self.broker.reap()

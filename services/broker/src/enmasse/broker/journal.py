@@ -3,9 +3,12 @@
 What flows in: `enqueue(msg_id, queues, payload, expires_at)` when a durable message arrives on a
 persistent queue (one record, however many subscription queues it fans out to), `ack(msg_id, queue)`
 when a queue lets it go, `after_commit(callback)` for what must wait until the records are on disk
-(settling the producer's delivery). `commit()` writes the batch and calls fsync ONCE, then runs
-every callback of the batch: group commit. What flows out, at start: `recover()` returns every
-message that was enqueued and not acknowledged, per queue, in id order.
+(settling the producer's delivery). A batch (`take_batch`) is everything appended since the last
+one; it is written with ONE fsync (`write_batch`), then every callback of the batch runs
+(`finish_batch`): group commit. `commit()` does the three in a row; in the broker process a
+`GroupCommitter` thread does the writing, so the engine loop never waits for the disk.
+What flows out, at start: `recover()` returns every message that was enqueued and not
+acknowledged, per queue, in id order.
 
 Record on disk: `<u32 body length><u32 crc32(body)><body>`; body starts with a type byte:
 - ENQUEUE: u64 msg id, u64 expires-at ms, u16 queue count, (u16 len, utf-8 name) per queue, payload.
@@ -21,8 +24,11 @@ opened at each start, so a torn tail is never appended to.
 
 from __future__ import annotations
 
+import functools
 import os
+import queue as queues_
 import struct
+import threading
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -56,6 +62,15 @@ class Recovered:
         return sum(len(v) for v in self.messages.values())
 
 
+@dataclass(slots=True)
+class Batch:
+    """Records on their way to disk, and what to run once they are there."""
+
+    data: bytearray
+    callbacks: list[Callable[[], None]]
+    fd: int
+
+
 class _Live:
     """A journaled message's bookkeeping: its segment, and how many queues still hold it."""
 
@@ -76,6 +91,7 @@ class Journal:
         self._live: dict[int, _Live] = {}
         self._segment_live: dict[int, int] = {}  # segment number -> messages still live in it
         self._segments: list[int] = []  # on disk, oldest first (the current one last)
+        self._unplaced: list[_Live] = []  # enqueued since the last batch was taken
         self._fd = -1
         self._current = 0
         self._current_size = 0
@@ -142,8 +158,10 @@ class Journal:
             parts.append(name)
         parts.append(payload)
         self._append(b"".join(parts))
-        self._live[msg_id] = _Live(self._current, len(names))
-        self._segment_live[self._current] += 1
+        # Its segment is known only when its batch is handed to the writer (`take_batch`).
+        live = _Live(-1, len(names))
+        self._live[msg_id] = live
+        self._unplaced.append(live)
 
     def ack(self, *, msg_id: int, queue: str) -> None:
         live = self._live.get(msg_id)
@@ -153,7 +171,8 @@ class Journal:
         live.refs -= 1
         if live.refs <= 0:
             del self._live[msg_id]
-            self._segment_live[live.segment] -= 1
+            if live.segment >= 0:
+                self._segment_live[live.segment] -= 1
 
     def _append(self, body: bytes) -> None:
         self._buffer += _FRAME.pack(len(body), zlib.crc32(body))
@@ -167,31 +186,55 @@ class Journal:
     def pending(self) -> bool:
         return bool(self._buffer or self._callbacks)
 
-    def commit(self) -> int:
-        """Writes the batch, ONE fsync, then runs the batch's callbacks; returns bytes written."""
-        data = self._buffer
-        callbacks = self._callbacks
-        if not data and not callbacks:
-            return 0
-        self._buffer = bytearray()
-        self._callbacks = []
-        written = len(data)
-        if written:
-            view = memoryview(data)
-            while view:
-                n = os.write(self._fd, view)
-                view = view[n:]
-            os.fdatasync(self._fd)
-            self._current_size += written
-            self.commits += 1
-        for callback in callbacks:
-            callback()
+    # ------------------------------------------------------------------ group commit
+
+    def take_batch(self) -> Batch | None:
+        """Hands over everything appended since the last batch (engine thread, writer idle)."""
+        if not self._buffer and not self._callbacks:
+            return None
         if self._current_size >= self.segment_bytes:
             self._open_segment(self._current + 1)
+        for live in self._unplaced:
+            if live.refs > 0:
+                live.segment = self._current
+                self._segment_live[self._current] += 1
+        self._unplaced = []
+        batch = Batch(data=self._buffer, callbacks=self._callbacks, fd=self._fd)
+        self._buffer = bytearray()
+        self._callbacks = []
+        self._current_size += len(batch.data)
+        return batch
+
+    @staticmethod
+    def write_batch(batch: Batch) -> None:
+        """Writes the batch and calls fdatasync ONCE (any thread: the group committer's)."""
+        view = memoryview(batch.data)
+        while view:
+            n = os.write(batch.fd, view)
+            view = view[n:]
+        if batch.data:
+            os.fdatasync(batch.fd)
+
+    def finish_batch(self, batch: Batch) -> None:
+        """The batch is on disk: settle what waited for it, reclaim (engine thread)."""
+        if batch.data:
+            self.commits += 1
+        for callback in batch.callbacks:
+            callback()
         self._reclaim()
-        return written
+
+    def commit(self) -> int:
+        """Writes the batch, ONE fsync, then runs the batch's callbacks; returns bytes written."""
+        batch = self.take_batch()
+        if batch is None:
+            return 0
+        self.write_batch(batch)
+        self.finish_batch(batch)
+        return len(batch.data)
 
     def close(self) -> None:
+        """Writes what is buffered; the callbacks are dropped (their connections are gone)."""
+        self._callbacks = []
         self.commit()
         if self._fd >= 0:
             os.close(self._fd)
@@ -288,3 +331,66 @@ def _fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class GroupCommitter:
+    """A writer thread that overlaps fsync with the engine loop.
+
+    The engine thread calls `kick()` whenever records or callbacks are pending. If the writer is
+    idle, the pending batch is handed to it; while it writes and fsyncs, the loop keeps reading,
+    dispatching and appending, so the next batch grows by everything that arrived meanwhile: one
+    fsync covers as many deliveries as the disk's latency lets accumulate. When a batch is on
+    disk, `post` (the engine's call_soon_threadsafe) brings `finish_batch` back to the engine
+    thread, which settles the batch's deliveries and hands over the next batch at once.
+    A failed write or fsync is fatal for durability: `on_failure` is called and nothing more is
+    settled.
+    """
+
+    def __init__(
+        self,
+        journal: Journal,
+        *,
+        post: Callable[[Callable[[], None]], object],
+        on_failure: Callable[[BaseException], None],
+    ) -> None:
+        self.journal = journal
+        self._post = post
+        self._on_failure = on_failure
+        self._batches: queues_.SimpleQueue[Batch | None] = queues_.SimpleQueue()
+        self._busy = False
+        self._failed = False
+        self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
+        self._thread.start()
+
+    def kick(self) -> None:
+        if self._busy or self._failed:
+            return
+        batch = self.journal.take_batch()
+        if batch is not None:
+            self._busy = True
+            self._batches.put(batch)
+
+    def stop(self) -> None:
+        self._batches.put(None)
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        while (batch := self._batches.get()) is not None:
+            try:
+                Journal.write_batch(batch)
+            except OSError as exc:
+                self._post(functools.partial(self._fail, exc))
+                return
+            self._post(functools.partial(self._done, batch))
+
+    def _done(self, batch: Batch) -> None:
+        self._busy = False
+        self.journal.finish_batch(batch)
+        self.kick()
+
+    def _fail(self, exc: BaseException) -> None:
+        self._failed = True
+        log.critical(
+            "journal write failed; durable messages can no longer be accepted", error=str(exc)
+        )
+        self._on_failure(exc)

@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: engine.stop())
     signal.signal(signal.SIGINT, lambda *_: engine.stop())
     engine.run()
+    endpoint.stop()
     broker.close()
     log.info("broker stopped")
 

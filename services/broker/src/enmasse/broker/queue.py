@@ -230,6 +230,9 @@ class Queue:
         entry.state = State.READY
         self.depth += 1
         heapq.heappush(self._returned, (entry.id, entry))
+        if entry.expires_at:
+            # Its deadline may have been popped while it was out: the reaper must see it again.
+            heapq.heappush(self._expiring, (entry.expires_at, entry.id, entry))
 
     def _remove(self, entry: Entry, reason: Removal) -> None:
         entry.state = State.GONE

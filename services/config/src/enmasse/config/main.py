@@ -17,6 +17,7 @@ import sys
 import structlog
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server
+from enmasse.config.health import follow_store_health
 from enmasse.config.servicer import ConfigServicer
 from enmasse.config.store import DEFAULT_PREFIX, Store, StoreUnavailable
 from enmasse.v1 import config_pb2_grpc
@@ -26,7 +27,9 @@ SERVICE_NAME = "enmasse.v1.ConfigService"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="enmasse-config", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="enmasse-config", description="ConfigService: the sole owner of the etcd address store"
+    )
     parser.add_argument("--listen", default="127.0.0.1:0", help="host:port to serve on")
     parser.add_argument("--etcd", default="127.0.0.1:2379", help="etcd endpoints host:port[,..]")
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="etcd key prefix of this store")
@@ -55,13 +58,16 @@ async def serve(args: argparse.Namespace) -> None:
     sys.stdout.flush()
     if args.port_file:
         _write_port_file(args.port_file, running.port)
+    health = asyncio.create_task(follow_store_health(store, running, service=SERVICE_NAME))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     await stop.wait()
     log.info("stopping")
+    health.cancel()
     await running.stop(grace=2.0)
+    await servicer.close()
     await store.close()
 
 

@@ -3,10 +3,11 @@
 In: the RPCs of `config.proto`. Out: resources, lists, watch events, apply results, or a gRPC
 status with the exact message (`Refused` from the write path; UNAVAILABLE when etcd is away).
 
-Every write goes the same way (`_write`): read a snapshot of what its rules need, compute the commit
-with `enmasse.config.writes` (which validates through `enmasse.common.validation`), commit it in ONE
-etcd transaction guarded by the snapshot's guard revision, and start over when somebody else wrote
-in between. Writes are serialized in-process by one lock, so concurrent requests to this process
+Every write goes the same way (`_write`): read the guard's revision G (the last write), take the
+catalog once it has seen G (`enmasse.config.cache`), compute the commit with
+`enmasse.config.writes` (which validates through `enmasse.common.validation`), commit it in ONE
+etcd transaction that compares the guard with G, and start over when somebody else wrote in
+between. Writes are serialized in-process by one lock, so concurrent requests to this process
 never race each other; the guard covers other processes.
 """
 
@@ -19,9 +20,10 @@ from typing import Any, TypeVar
 import grpc
 import structlog
 from enmasse.common.plans import load_default_plans
-from enmasse.common.validation import SPACE_SCOPED_KINDS, AnyObject, Catalog, Key, key_of
+from enmasse.common.validation import SPACE_SCOPED_KINDS, AnyObject, Catalog, Key
 from enmasse.config import writes
-from enmasse.config.store import Commit, Store, StoreUnavailable
+from enmasse.config.cache import CatalogCache
+from enmasse.config.store import Commit, Store, StoreRefused, StoreUnavailable
 from enmasse.config.watch import watch_events
 from enmasse.config.writes import Refused
 from enmasse.v1 import config_pb2, config_pb2_grpc
@@ -42,30 +44,32 @@ _LISTS = {
 class ConfigServicer(config_pb2_grpc.ConfigServiceServicer):
     def __init__(self, store: Store) -> None:
         self.store = store
+        self.cache = CatalogCache(store)
         self._lock = asyncio.Lock()
 
     # ------------------------------------------------------------ the common paths
 
-    async def _write(
-        self, scope: str | None, compute: Callable[[Catalog], tuple[Commit, T]]
-    ) -> tuple[T, int]:
+    async def _write(self, compute: Callable[[Catalog], tuple[Commit, T]]) -> tuple[T, int]:
         async with self._lock:
             for _attempt in range(MAX_ATTEMPTS):
-                snapshot = await self.store.snapshot(space=scope)
-                commit, answer = compute(snapshot.catalog)
+                guard = await self.store.guard_revision()
+                catalog = await self.cache.at_least(guard)
+                commit, answer = compute(catalog)  # no await inside: the catalog holds still
                 if not commit:
-                    return answer, snapshot.revision
-                revision = await self.store.commit(commit, guard=snapshot.guard)
+                    return answer, guard
+                revision = await self.store.commit(commit, guard=guard)
                 if revision is not None:
                     return answer, revision
-                log.info("store changed under a write, retrying", scope=scope)
+                log.info("store changed under a write, retrying", guard=guard)
         raise Refused(grpc.StatusCode.ABORTED, "the store kept changing under the write; retry")
+
+    async def close(self) -> None:
+        await self.cache.close()
 
     async def _create(self, obj: AnyObject, context: grpc.aio.ServicerContext) -> Any:
         async def run() -> AnyObject:
-            scope = writes.scope_of(key_of(obj))
             stored, revision = await self._write(
-                scope, lambda catalog: writes.plan_create(obj, catalog=catalog)
+                lambda catalog: writes.plan_create(obj, catalog=catalog)
             )
             return _answer(stored, revision)
 
@@ -73,9 +77,8 @@ class ConfigServicer(config_pb2_grpc.ConfigServiceServicer):
 
     async def _update(self, obj: AnyObject, context: grpc.aio.ServicerContext) -> Any:
         async def run() -> AnyObject:
-            scope = writes.scope_of(key_of(obj))
             stored, revision = await self._write(
-                scope, lambda catalog: writes.plan_update(obj, catalog=catalog)
+                lambda catalog: writes.plan_update(obj, catalog=catalog)
             )
             return _answer(stored, revision)
 
@@ -93,7 +96,7 @@ class ConfigServicer(config_pb2_grpc.ConfigServiceServicer):
                 )
                 return commit, None
 
-            _, revision = await self._write(writes.scope_of(key), compute)
+            _, revision = await self._write(compute)
             log.info("deleted", kind=kind, space=key[1], name=key[2], revision=revision)
             return config_pb2.DeleteResponse(revision=revision)
 
@@ -105,7 +108,6 @@ class ConfigServicer(config_pb2_grpc.ConfigServiceServicer):
         async def run() -> AnyObject:
             key = _key(kind, request.ref)
             stored, revision = await self._write(
-                writes.scope_of(key),
                 lambda catalog: writes.plan_status(
                     key,
                     status=request.status,
@@ -256,7 +258,7 @@ class ConfigServicer(config_pb2_grpc.ConfigServiceServicer):
             plan = writes.plan_apply(request, catalog=catalog)
             return (Commit() if request.dry_run else plan.commit), plan
 
-        plan, revision = await self._write(request.space or None, compute)
+        plan, revision = await self._write(compute)
         log.info(
             "applied",
             space=request.space,
@@ -306,4 +308,6 @@ async def _answering(context: grpc.aio.ServicerContext, run: Callable[[], Awaita
         await context.abort(refused.code, refused.message)
     except StoreUnavailable as error:
         await context.abort(grpc.StatusCode.UNAVAILABLE, f"the store is unavailable: {error}")
+    except StoreRefused as error:
+        await context.abort(error.code, f"the store refused the request: {error.details}")
     raise AssertionError("context.abort returns only by raising")

@@ -1,4 +1,4 @@
-"""The etcd address store: keys, consistent snapshots, guarded transactions, raw watch streams.
+"""The etcd address store: keys, lists, guarded transactions, raw watch streams.
 
 Key schema (every key under one prefix, `/enmasse/v1` unless `--prefix` says otherwise, so that
 tests and several installations can share one etcd):
@@ -14,12 +14,12 @@ Values are the serialized protobuf message of the kind (an `Address`, ...), stor
 `resource_version` 0: the key's mod revision is the resource version, read back on every get, so the
 two can never disagree.
 
-Why a guard key and no per-address index: every write reads what its rules need (the plans, the
-space, the space's addresses and users) in ONE read transaction, checks them in Python, and commits
-in ONE transaction that compares the guard's mod revision with the one read. If anybody wrote in
-between (another config instance), the commit fails and the caller re-reads and re-checks. So the
-rules (address-string uniqueness, quotas, "the topic exists") always hold on a consistent
-snapshot, whatever the rule, without an index key per rule. The price is that writes are
+Why a guard key and no per-address index: every write checks its rules (address-string
+uniqueness, quotas, "the topic exists", ...) in Python against a catalog that has seen every
+change up to the guard's mod revision G (`enmasse.config.cache`), and commits in ONE transaction
+that compares the guard with G and bumps it. If anybody wrote in between (another config
+instance), the commit fails and the write is checked again. So every rule holds on a consistent
+state, whatever the rule, without an index key per rule. The price is that writes are
 serialized, which the config service does in-process anyway.
 
 Watch streams are etcd's own (raw `Watch` over the resources prefix with `prev_kv`), so a resume
@@ -29,21 +29,23 @@ from revision N gets exactly the changes after N, or `Compacted` when etcd has d
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+import structlog
 from aetcd import rpc
 from enmasse.common.validation import (
     KINDS,
     SPACE_SCOPED_KINDS,
     AnyObject,
-    Catalog,
     Key,
 )
 from enmasse.v1 import resources_pb2
 
+log = structlog.get_logger(__name__)
 DEFAULT_PREFIX = "/enmasse/v1"
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 256 * 1024 * 1024),
@@ -64,16 +66,25 @@ class Compacted(Exception):
 
 
 class StoreUnavailable(Exception):
-    """etcd cannot be reached (or refused the request for a reason of its own)."""
+    """etcd cannot be reached, or did not answer in time: retry later."""
 
 
-@dataclass
-class Snapshot:
-    """What one read transaction saw: the objects, the store revision, the guard's mod revision."""
+class StoreRefused(Exception):
+    """etcd refused the request itself (a transaction with more operations than its
+    --max-txn-ops, a request larger than its --max-request-bytes): retrying will not help."""
 
-    catalog: Catalog
-    revision: int
-    guard: int
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+_REFUSALS = {
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.OUT_OF_RANGE,
+}
 
 
 @dataclass
@@ -93,6 +104,7 @@ class WatchBatch:
 
     changes: list[Change] = field(default_factory=list)
     progress_revision: int = 0
+    revision: int = 0  # the highest revision this response speaks of (every key, guard included)
 
 
 @dataclass
@@ -117,7 +129,7 @@ class Store:
         self._resources = f"{self.prefix}/resources/".encode()
         self._guard = f"{self.prefix}/guard".encode()
         self._timeout = timeout
-        target = "ipv4:" + ",".join(endpoints) if len(endpoints) > 1 else endpoints[0]
+        target = channel_target(endpoints)
         self._channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
         self._kv = rpc.KVStub(self._channel)
         self._watch = rpc.WatchStub(self._channel)
@@ -153,27 +165,6 @@ class Store:
 
     # ---------------------------------------------------------------- reads
 
-    async def snapshot(self, *, space: str | None) -> Snapshot:
-        """Everything the rules of a write in `space` need (None: the whole store), at one revision.
-
-        For a space: every plan, the space itself, its addresses and its users.
-        """
-        ranges = [self._range_of(None)] if space is None else self._space_ranges(space)
-        ops = [rpc.RequestOp(request_range=rpc.RangeRequest(key=k, range_end=e)) for k, e in ranges]
-        ops.append(rpc.RequestOp(request_range=rpc.RangeRequest(key=self._guard)))
-        response = await self._call(self._kv.Txn, rpc.TxnRequest(success=ops))
-        catalog = Catalog()
-        guard = 0
-        for op in response.responses:
-            for kv in op.response_range.kvs:
-                if kv.key == self._guard:
-                    guard = kv.mod_revision
-                    continue
-                key = self.parse_key(kv.key)
-                if key is not None:
-                    catalog.put(self._decode(key, kv.value, kv.mod_revision))
-        return Snapshot(catalog=catalog, revision=response.header.revision, guard=guard)
-
     async def objects(self, *, kind: str | None, space: str = "") -> tuple[list[AnyObject], int]:
         """Objects of one kind (None: every kind), of one `space` if given, and the revision."""
         start, end = self._range_of(kind, space)
@@ -204,16 +195,6 @@ class Store:
             if space and kind in SPACE_SCOPED_KINDS:
                 prefix += f"{space}/".encode()
         return prefix, _prefix_end(prefix)
-
-    def _space_ranges(self, space: str) -> list[tuple[bytes, bytes]]:
-        space_key = self.key(("AddressSpace", "", space))
-        return [
-            self._range_of("AddressSpacePlan"),
-            self._range_of("AddressPlan"),
-            (space_key, b""),
-            self._range_of("Address", space),
-            self._range_of("MessagingUser", space),
-        ]
 
     # ---------------------------------------------------------------- writes
 
@@ -250,21 +231,30 @@ class Store:
         """Drops history before `revision` (tests and operators; etcd can also do it by itself)."""
         await self._call(self._kv.Compact, rpc.CompactionRequest(revision=revision, physical=True))
 
+    async def guard_revision(self) -> int:
+        """The mod revision of the guard: the revision of the last write (0: none yet)."""
+        response = await self._call(self._kv.Range, rpc.RangeRequest(key=self._guard))
+        return int(response.kvs[0].mod_revision) if response.kvs else 0
+
     async def revision(self) -> int:
         request = rpc.RangeRequest(key=self._guard, count_only=True)
         return int((await self._call(self._kv.Range, request)).header.revision)
 
     # ---------------------------------------------------------------- watch
 
-    async def watch(self, *, start_revision: int) -> AsyncIterator[WatchBatch]:
-        """Every change of a resource key from `start_revision` on, one batch per etcd response.
+    async def watch(
+        self, *, start_revision: int, with_guard: bool = False
+    ) -> AsyncIterator[WatchBatch]:
+        """Every change of a resource key from `start_revision` on, one batch per etcd response
+        (`with_guard`: the guard's changes move `WatchBatch.revision` too).
 
         Raises Compacted when etcd no longer has `start_revision`, StoreUnavailable when the
         stream breaks (etcd restarted or unreachable).
         """
+        start = f"{self.prefix}/".encode() if with_guard else self._resources
         create = rpc.WatchCreateRequest(
-            key=self._resources,
-            range_end=_prefix_end(self._resources),
+            key=start,
+            range_end=_prefix_end(start),
             start_revision=start_revision,
             prev_kv=True,
             progress_notify=True,
@@ -287,9 +277,11 @@ class Store:
 
     def _batch_of(self, response: Any) -> WatchBatch:
         if not response.events:
-            return WatchBatch(progress_revision=int(response.header.revision))
+            revision = int(response.header.revision)
+            return WatchBatch(progress_revision=revision, revision=revision)
         batch = WatchBatch()
         for event in response.events:
+            batch.revision = max(batch.revision, int(event.kv.mod_revision))
             key = self.parse_key(event.kv.key)
             if key is None:
                 continue
@@ -315,7 +307,36 @@ class Store:
         try:
             return await method(request, timeout=self._timeout)
         except grpc.aio.AioRpcError as error:
+            if error.code() in _REFUSALS:
+                raise StoreRefused(error.code(), error.details() or "") from error
             raise StoreUnavailable(f"etcd: {error.code().name}: {error.details()}") from error
+
+
+def channel_target(endpoints: Sequence[str]) -> str:
+    """The gRPC target for etcd's endpoints: gRPC fails over between the members itself.
+
+    IP literals go into one `ipv4:` target. Host names cannot share a target; the first one is
+    used, and it should be a DNS name that resolves to every member (the headless Service in
+    Kubernetes), which gRPC's resolver then fails over between.
+    """
+    if len(endpoints) == 1:
+        return endpoints[0]
+    hosts = [endpoint.rpartition(":")[0] for endpoint in endpoints]
+    if all(_is_ipv4(host) for host in hosts):
+        return "ipv4:" + ",".join(endpoints)
+    log.warning(
+        "several etcd host names: using the first; give one name that resolves to all members",
+        used=endpoints[0],
+    )
+    return endpoints[0]
+
+
+def _is_ipv4(host: str) -> bool:
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _stored_form(obj: AnyObject) -> bytes:

@@ -14,8 +14,10 @@ stream is open (killed and restarted), this module re-opens the etcd watch from 
 sent, with back-off, for up to `outage_limit` seconds, and only then ends the stream with
 UNAVAILABLE; the client can still resume from its last revision on another connection.
 
-The changes of one etcd transaction (an Apply, a cascading delete) share one revision and arrive in
-one etcd response; they are sent back to back.
+The changes of one etcd transaction (an Apply, a cascading delete) share one revision R and arrive
+in one etcd response; they are sent back to back, and all but the last carry R-1 as their resume
+point (see `resume_points`), so that a stream cut in the middle of a transaction is resumed
+before it, never after it.
 
 Filtering: `kinds` keeps those kinds only; `space` keeps the objects of that space (its addresses,
 its users and the AddressSpace of that name) plus the plans, which every space uses. When changes
@@ -27,6 +29,7 @@ passed on as PROGRESS too.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -75,6 +78,19 @@ def event_of(change: Change) -> config_pb2.WatchEvent:
     return Event(type=kind, object=resource_of(public_form(change.obj)), revision=change.revision)
 
 
+def resume_points(events: list[config_pb2.WatchEvent]) -> list[config_pb2.WatchEvent]:
+    """Marks the events of one transaction so that a break between them loses nothing.
+
+    All changes of a transaction share its revision R. Every event but the last of R carries R-1:
+    a client cut off in the middle resumes from R-1 and gets the whole transaction again (the
+    informer drops what it already has) instead of skipping the rest of it.
+    """
+    for event, following in itertools.pairwise(events):
+        if following.revision == event.revision:
+            event.revision -= 1
+    return events
+
+
 async def watch_events(
     store: Store,
     request: config_pb2.WatchRequest,
@@ -101,13 +117,12 @@ async def watch_events(
                 if batch.progress_revision:
                     last = max(last, batch.progress_revision)
                     yield Event(type=Event.PROGRESS, revision=last)
-                dropped = False
-                for change in batch.changes:
-                    last = change.revision
-                    if selected.matches(change.key):
-                        yield event_of(change)
-                    else:
-                        dropped = True
+                kept = [c for c in batch.changes if selected.matches(c.key)]
+                dropped = len(kept) < len(batch.changes)
+                for event in resume_points([event_of(c) for c in kept]):
+                    yield event
+                if batch.changes:
+                    last = batch.changes[-1].revision
                 if dropped and time.monotonic() - progressed > PROGRESS_EVERY:
                     progressed = time.monotonic()
                     yield Event(type=Event.PROGRESS, revision=last)

@@ -1,12 +1,13 @@
-"""The write path of the config service, as pure functions over a snapshot of the store.
+"""The write path of the config service, as pure functions over a catalog of the store.
 
 In: a requested change (create, update, delete, status update, or an Apply batch) and the
-`Snapshot` the store read for it. Out: a `Commit` (what to put and delete, in one transaction) and
-what to answer, or `Refused` with the gRPC status code and the exact message.
+`Catalog` of everything stored, as of the last write. Out: a `Commit` (what to put and delete, in
+one transaction) and what to answer, or `Refused` with the gRPC status code and the exact message.
+The catalog is only read, never changed: it is the service's shared cache.
 
 Nothing here touches the network, so every rule (compare-and-swap on resource_version, generation
 bookkeeping, password hashing, Apply's scope / prune / unchanged logic) is tested without etcd; the
-servicer only reads a snapshot, calls these and commits.
+servicer only fetches the catalog, calls these and commits.
 """
 
 from __future__ import annotations
@@ -52,14 +53,6 @@ class Refused(Exception):
 def describe(key: Key) -> str:
     kind, space, name = key
     return f"{kind} {space + '/' if space else ''}{name}"
-
-
-def scope_of(key: Key) -> str | None:
-    """Which snapshot a write of `key` needs: its space, or None (the whole store) for plans."""
-    kind, space, name = key
-    if kind in PLAN_KINDS:
-        return None
-    return name if kind == "AddressSpace" else space
 
 
 def refusal_of(violations: Sequence[Violation]) -> Refused:
@@ -238,7 +231,7 @@ def plan_apply(
     catalog: Catalog,
     unchanged_check: Callable[..., bool] = unchanged,
 ) -> ApplyPlan:
-    """What an Apply does to a snapshot: per resource CREATED / UPDATED / UNCHANGED / REFUSED, and
+    """What an Apply does to the catalog: per resource CREATED / UPDATED / UNCHANGED / REFUSED, and
     PRUNED for what `manager` owns in scope and the batch lacks. Refused with INVALID_ARGUMENT
     when `atomic` and anything is refused (the message lists every refusal)."""
     batch = [_scoped(resource, request) for resource in request.resources]

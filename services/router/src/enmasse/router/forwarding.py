@@ -79,6 +79,7 @@ TRANSIT_WINDOW = 1000
 CONTROL_WINDOW = 1000
 REDIAL_SECONDS = (0.1, 0.25, 0.5, 1.0)
 
+BROKER_CONTAINER_ID = "enmasse-router"
 MESH_CONTROL = "_mesh/control"
 MESH_TO = "_mesh/to/"
 MESH_MULTICAST = "_mesh/mc/"
@@ -760,7 +761,10 @@ class Router:
             host=session.waypoint.host,
             port=session.waypoint.port,
             handler=BrokerHandler(self, session),
-            container_id=f"{self.router_id}",
+            # One container id for every router of the space: the broker names a durable
+            # subscription after (container id, link name), and a subscriber that comes back
+            # through another router must find the same one.
+            container_id=BROKER_CONTAINER_ID,
         )
 
     def broker_open(self, session: BrokerSession, conn: Connection) -> None:
@@ -1027,33 +1031,41 @@ class Router:
     # ------------------------------------------------------------------ admin views
 
     def stats(self, *, address: str) -> router_pb2.RouterStats:
-        addresses = []
-        for point in self.points.values():
-            if address and point.address != address:
-                continue
-            c = point.counters
-            addresses.append(
-                router_pb2.AddressStats(
-                    address=point.address,
-                    type=point.kind,
-                    deliveries_in=c.deliveries_in,
-                    deliveries_out=c.deliveries_out,
-                    accepted=c.accepted,
-                    rejected=c.rejected,
-                    released=c.released,
-                    modified=c.modified,
-                    dropped=c.dropped,
-                    consumers=len(point.local),
-                    producers=len(point.producers),
-                    remote_routers=len(self.mesh.routers_with_consumers(point.address)),
-                )
-            )
+        """Every configured address (used here or not) and every other address in use."""
+        names = [
+            *self.config.addresses,
+            *(a for a in self.points if a not in self.config.addresses),
+        ]
+        addresses = [self._address_stats(name) for name in names if not address or name == address]
         return router_pb2.RouterStats(
             router_id=self.router_id,
             generation=self.config.generation,
             addresses=addresses,
             connections=self.connection_infos(),
             reachable_routers=self.mesh.reachable(),
+        )
+
+    def _address_stats(self, address: str) -> router_pb2.AddressStats:
+        point = self.points.get(address)
+        route = self.config.route(address)
+        remote = len(self.mesh.routers_with_consumers(address))
+        if point is None:
+            kind = route.distribution.value if route is not None else ANYCAST
+            return router_pb2.AddressStats(address=address, type=kind, remote_routers=remote)
+        c = point.counters
+        return router_pb2.AddressStats(
+            address=address,
+            type=point.kind,
+            deliveries_in=c.deliveries_in,
+            deliveries_out=c.deliveries_out,
+            accepted=c.accepted,
+            rejected=c.rejected,
+            released=c.released,
+            modified=c.modified,
+            dropped=c.dropped,
+            consumers=len(point.local),
+            producers=len(point.producers),
+            remote_routers=remote,
         )
 
     def connection_infos(self) -> list[router_pb2.ConnectionInfo]:

@@ -2,7 +2,33 @@
 
 - `engine`: one epoll loop driving many connections; routers, brokers and fast clients build on it.
 - `codec`: encode a message once, read its header / `to` without decoding the body.
-- `client`: blocking senders and receivers on the engine, for tests, benches and tools.
+- `client`: blocking senders and receivers on the engine (tests, tools) and bulk runners (benches).
+
+A process on the engine, in short (everything runs on the engine's thread):
+
+    class Queue(ConnectionHandler):                      # one handler per connection
+        def on_link_attach(self, link):                  # the peer attached
+            if link.address not in known:
+                link.refuse(Condition("amqp:not-found", f"no address '{link.address}'"))
+                return
+            link.accept()
+            if link.is_receiver:                         # the peer sends to us
+                link.flow(100)
+        def on_message(self, link, delivery):            # delivery.payload: bytes, never decoded
+            store(delivery.payload, durable=delivery.durable)
+            delivery.settle(Outcome.ACCEPTED)
+            link.flow(1)
+        def on_link_credit(self, link):                  # the peer gave us credit to send
+            while link.credit > 0 and backlog:
+                link.send(backlog.popleft(), context=...)
+        def on_outcome(self, link, delivery, outcome):   # the peer settled what we sent
+            ...
+
+    engine = Engine(container_id="broker-1")
+    port = engine.listen(host="127.0.0.1", port=0, handler_factory=Queue)
+    engine.run()                                         # or engine.run_in_thread()
+
+From another thread (asyncio admin): `await asyncio.wrap_future(engine.submit(fn))`.
 """
 
 from enmasse.common.amqp.engine import (

@@ -95,6 +95,8 @@ class Client:
         user: str | None = None,
         password: str | None = None,
         timeout: float = 10.0,
+        properties: dict[str, Any] | None = None,
+        desired_capabilities: tuple[str, ...] = (),
     ) -> None:
         self.timeout = timeout
         self.engine = Engine(container_id=container_id)
@@ -102,7 +104,13 @@ class Client:
         self._thread = self.engine.run_in_thread(name="amqp-client")
         self.connection: Connection = self._call(
             lambda: self.engine.connect(
-                host=host, port=port, handler=self._handler, user=user, password=password
+                host=host,
+                port=port,
+                handler=self._handler,
+                user=user,
+                password=password,
+                properties=properties,
+                desired_capabilities=desired_capabilities,
             )
         )
         try:
@@ -113,16 +121,11 @@ class Client:
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         """Runs fn on the engine thread and returns its result."""
-        future: Future[Any] = Future()
+        return self.engine.submit(fn).result(self.timeout)
 
-        def run() -> None:
-            try:
-                future.set_result(fn())
-            except BaseException as err:
-                future.set_exception(err)
-
-        self.engine.call_soon_threadsafe(run)
-        return future.result(self.timeout)
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Runs fn on the client's engine thread (e.g. to touch self.connection) and returns."""
+        return self._call(fn)
 
     def sender(
         self, address: str | None, *, settled: bool = False, name: str | None = None
@@ -547,8 +550,26 @@ class _BulkReceive(ConnectionHandler):
 
 
 def _run(engine: Engine, done: threading.Event, limit: float) -> None:
+    """Runs the engine until done, then closes its connections politely before stopping: a peer
+    that sees a reset instead of a close may drop pre-settled messages still in its buffers, or
+    dispositions we sent last."""
     thread = engine.run_in_thread(name="amqp-bulk")
     done.wait(limit + 5)
+    closed = threading.Event()
+
+    def wait_closed() -> None:
+        if engine.connections:
+            engine.call_later(0.01, wait_closed)
+        else:
+            closed.set()
+
+    def close_all() -> None:
+        for conn in engine.connections:
+            conn.close()
+        wait_closed()
+
+    engine.call_soon_threadsafe(close_all)
+    closed.wait(5)
     engine.stop()
     thread.join(5)
 

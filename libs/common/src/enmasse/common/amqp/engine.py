@@ -10,14 +10,17 @@ Why it is built so: a router or broker written on proton's reactor (Container + 
 spends most of its time creating Python wrapper objects and dispatching events, and tops out near
 5,000 messages/s per process here. This engine drives proton-c's protocol engine directly through
 its cffi binding (`cproton_ffi.lib`) on raw pointers: the loop pushes socket bytes into the
-Transport, drains proton's event collector itself (reading only event types and pointers), moves
-each complete delivery out with one `pn_link_recv` into one reused buffer, never decodes a body
-(header and `to` are read lazily by `codec` only when asked), and peeks/pops output straight from
-proton's buffers. That is 20-25 times faster than the reactor on the same machine.
+Transport, moves each complete delivery out with one `pn_link_recv` into one reused buffer, never
+decodes a body (header and `to` are read lazily by `codec` only when asked), and peeks/pops output
+straight from proton's buffers. It does read proton's event collector, but only as type codes and
+raw pointers (about three C calls per event, no wrapper objects): this binding has no work list
+(`pn_work_head`) or unsettled-delivery iteration, so without the collector the deliveries a peer
+settled out of order could only be found by scanning every unsettled one. Figures (client to
+client, through a bare forwarder) are in bench/RESULTS.md.
 
 Threading contract: everything here runs on the engine's thread. Build listeners and connections
 before `run()` or from engine callbacks/timers; from any other thread, use
-`call_soon_threadsafe(fn)` (it wakes the loop) or `stop()`.
+`call_soon_threadsafe(fn)` / `submit(fn) -> Future` (they wake the loop) or `stop()`.
 
 Lifetimes: `on_connection_close` is called exactly once per connection, whoever closed it and
 however (clean close, peer's error, socket lost, garbage, idle timeout). `on_link_detach` is called
@@ -27,8 +30,10 @@ close. Deliveries settle once; settling a delivery of a link or connection that 
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import errno
+import functools
 import heapq
 import itertools
 import os
@@ -528,6 +533,26 @@ class Connection:
         return self._reported
 
     @property
+    def remote_properties(self) -> dict[str, Any]:
+        """The properties map of the peer's open frame (keys as str)."""
+        if self._finalized:
+            return {}
+        found = _read_data(lib.pn_connection_remote_properties(self._ptr))
+        return {str(k): v for k, v in found.items()} if isinstance(found, dict) else {}
+
+    @property
+    def remote_offered_capabilities(self) -> tuple[str, ...]:
+        if self._finalized:
+            return ()
+        return _symbols(_read_data(lib.pn_connection_remote_offered_capabilities(self._ptr)))
+
+    @property
+    def remote_desired_capabilities(self) -> tuple[str, ...]:
+        if self._finalized:
+            return ()
+        return _symbols(_read_data(lib.pn_connection_remote_desired_capabilities(self._ptr)))
+
+    @property
     def links(self) -> list[Link]:
         return list(self._links.values())
 
@@ -641,6 +666,8 @@ class _Listener:
     sasl_mechanisms: str
     sasl_config_path: str | None
     sasl_config_name: str | None
+    properties: dict[str, Any] | None = None
+    offered_capabilities: tuple[str, ...] = ()
 
 
 class Engine:
@@ -691,6 +718,8 @@ class Engine:
         sasl_mechanisms: str = "ANONYMOUS",
         sasl_config_path: str | None = None,
         sasl_config_name: str | None = None,
+        properties: dict[str, Any] | None = None,
+        offered_capabilities: tuple[str, ...] = (),
     ) -> int:
         """Listens for AMQP peers; returns the bound port (port=0 picks a free one).
 
@@ -701,6 +730,8 @@ class Engine:
         Cyrus SASL config (`<name>.conf` naming a sasldb) to check passwords. Cyrus reads the
         config path once per process, at the first incoming connection: every listener of a
         process must use the same path (the name may differ).
+        properties / offered_capabilities go into our open frame (e.g. ("ANONYMOUS-RELAY",),
+        which clients check before sending on a link without a target address).
         """
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -716,6 +747,8 @@ class Engine:
             sasl_mechanisms=sasl_mechanisms,
             sasl_config_path=sasl_config_path,
             sasl_config_name=sasl_config_name,
+            properties=properties,
+            offered_capabilities=offered_capabilities,
         )
         self._epoll.register(sock.fileno(), select.EPOLLIN)
         bound: int = sock.getsockname()[1]
@@ -741,6 +774,9 @@ class Engine:
         hostname: str | None = None,
         idle_timeout: float | None = None,
         max_frame_size: int | None = None,
+        properties: dict[str, Any] | None = None,
+        offered_capabilities: tuple[str, ...] = (),
+        desired_capabilities: tuple[str, ...] = (),
     ) -> Connection:
         """Dials a peer and opens an AMQP connection (SASL ANONYMOUS, or PLAIN with user/password).
 
@@ -768,6 +804,9 @@ class Engine:
             lib.pn_sasl_allowed_mechs(sasl, b"ANONYMOUS")
         lib.pn_connection_set_container(c, (container_id or self.container_id).encode())
         lib.pn_connection_set_hostname(c, (hostname or host).encode())
+        _write_open_fields(
+            c, properties=properties, offered=offered_capabilities, desired=desired_capabilities
+        )
         self._attach(conn)
         lib.pn_connection_open(c)
         if err not in (0, errno.EINPROGRESS):
@@ -794,6 +833,24 @@ class Engine:
         with contextlib.suppress(OSError):  # engine closed: nothing will run it
             os.eventfd_write(self._wake_fd, 1)
 
+    def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        """Runs fn on the engine thread, from any thread; the future gets its result or error.
+
+        From asyncio (the admin/gRPC thread): `await asyncio.wrap_future(engine.submit(fn))`.
+        """
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn())
+            except BaseException as err:
+                future.set_exception(err)
+
+        self.call_soon_threadsafe(run)
+        return future
+
     def run(self) -> None:
         """Runs the loop on this thread until stop()."""
         self._thread = threading.current_thread()
@@ -804,7 +861,10 @@ class Engine:
                 for fd, events in poll(self._poll_timeout()):
                     conn = self._conns.get(fd)
                     if conn is not None:
-                        self._on_io(conn, events)
+                        try:
+                            self._on_io(conn, events)
+                        except Exception:
+                            self._broken(conn)
                     elif fd == self._wake_fd:
                         self._drain_wakeups()
                     elif fd in self._listeners:
@@ -917,6 +977,12 @@ class Engine:
         lib.pn_sasl_allowed_mechs(sasl, listener.sasl_mechanisms.encode())
         lib.pn_sasl_set_allow_insecure_mechs(sasl, True)
         lib.pn_connection_set_container(conn._ptr, self.container_id.encode())
+        _write_open_fields(
+            conn._ptr,
+            properties=listener.properties,
+            offered=listener.offered_capabilities,
+            desired=(),
+        )
         self._attach(conn)
 
     def _attach(self, conn: Connection) -> None:
@@ -995,7 +1061,17 @@ class Engine:
     def _flush_dirty(self) -> None:
         dirty = self._dirty
         while dirty:
-            self._flush(dirty.pop())
+            conn = dirty.pop()
+            try:
+                self._flush(conn)
+            except Exception:
+                self._broken(conn)
+
+    def _broken(self, conn: Connection) -> None:
+        """An engine bug surfaced on one connection: drop that one, keep serving the rest."""
+        log.exception("connection failed inside the engine", peer=conn.peer)
+        conn._io_error = Condition("amqp:internal-error", "internal error")
+        self._guarded(conn._abort)
 
     def _flush(self, conn: Connection) -> None:
         if conn._finalized:
@@ -1069,7 +1145,7 @@ class Engine:
                 elif kind in _ENDPOINT_EVENTS:
                     self._on_endpoint_event(kind, event)
             except Exception:
-                log.exception("connection handler failed", event=kind)
+                log.exception("connection handler failed", event_type=kind)
                 conn = self._conn_by_ptr.get(lib.pn_event_connection(event))
                 if conn is not None:
                     conn.close(Condition("amqp:internal-error", "internal error"))
@@ -1224,6 +1300,8 @@ class Engine:
         if conn.incoming and lib.pn_connection_state(c) & lib.PN_LOCAL_UNINIT:
             lib.pn_connection_open(c)
         self._schedule_tick(conn)  # the peer's idle timeout is known now
+        if lib.pn_connection_state(c) & lib.PN_REMOTE_CLOSED:
+            return  # open-then-close in one go is how a peer refuses: only the close is news
         conn.handler.on_connection_open(conn)
 
     def _on_link_remote_open(self, conn: Connection, lptr: Any) -> None:
@@ -1291,7 +1369,7 @@ class Engine:
             self._forget_link(link)
             if link._opened:
                 self._guarded(
-                    lambda link=link: conn.handler.on_link_detach(link, closed=False, error=error)
+                    functools.partial(conn.handler.on_link_detach, link, closed=False, error=error)
                 )
         conn.handler.on_connection_close(conn, error)
 
@@ -1387,14 +1465,44 @@ def _read_data(ptr: Any) -> Any:
     return data.get_object()
 
 
+def _symbols(found: Any) -> tuple[str, ...]:
+    """A capabilities field (one symbol or an array of them) as a tuple of str."""
+    if found is None:
+        return ()
+    if isinstance(found, str):
+        return (str(found),)
+    return tuple(str(c) for c in getattr(found, "elements", found))
+
+
+def _put_symbols(ptr: Any, values: tuple[str, ...]) -> None:
+    from proton import Array, Data, symbol
+    from proton._data import UNDESCRIBED
+
+    symbols = (symbol(c) for c in values)
+    Data(ptr).put_object(Array(UNDESCRIBED, Data.SYMBOL, *symbols))  # type: ignore[arg-type]
+
+
+def _write_open_fields(
+    conn: Any,
+    *,
+    properties: dict[str, Any] | None,
+    offered: tuple[str, ...],
+    desired: tuple[str, ...],
+) -> None:
+    from proton import Data, symbol
+
+    if properties:
+        Data(lib.pn_connection_properties(conn)).put_object(
+            {symbol(k): v for k, v in properties.items()}
+        )
+    if offered:
+        _put_symbols(lib.pn_connection_offered_capabilities(conn), offered)
+    if desired:
+        _put_symbols(lib.pn_connection_desired_capabilities(conn), desired)
+
+
 def _read_terminus(ptr: Any) -> Terminus:
-    caps = _read_data(lib.pn_terminus_capabilities(ptr))
-    if caps is None:
-        capabilities: tuple[str, ...] = ()
-    elif isinstance(caps, str):
-        capabilities = (str(caps),)
-    else:
-        capabilities = tuple(str(c) for c in getattr(caps, "elements", caps))
+    capabilities = _symbols(_read_data(lib.pn_terminus_capabilities(ptr)))
     flt = _read_data(lib.pn_terminus_filter(ptr))
     return Terminus(
         address=_string(lib.pn_terminus_get_address(ptr)),
@@ -1409,8 +1517,7 @@ def _read_terminus(ptr: Any) -> Terminus:
 
 
 def _write_terminus(ptr: Any, terminus: Terminus) -> None:
-    from proton import Array, Data, symbol
-    from proton._data import UNDESCRIBED
+    from proton import Data, symbol
 
     if terminus.address is not None:
         lib.pn_terminus_set_address(ptr, terminus.address.encode())
@@ -1421,8 +1528,7 @@ def _write_terminus(ptr: Any, terminus: Terminus) -> None:
     if terminus.distribution_mode is not None:
         lib.pn_terminus_set_distribution_mode(ptr, _DIST_CODES[terminus.distribution_mode])
     if terminus.capabilities:
-        caps = Array(UNDESCRIBED, Data.SYMBOL, *(symbol(c) for c in terminus.capabilities))
-        Data(lib.pn_terminus_capabilities(ptr)).put_object(caps)
+        _put_symbols(lib.pn_terminus_capabilities(ptr), terminus.capabilities)
     if terminus.filter:
         Data(lib.pn_terminus_filter(ptr)).put_object(
             {symbol(k): v for k, v in terminus.filter.items()}

@@ -1,0 +1,41 @@
+"""The Spark session of the analytics job (and of its tests: one per pytest session).
+
+What flows in: a master URL (`local[2]` by default: the machine has two cores; any Spark master by
+`--master`). What flows out: a SparkSession set up the way every table in this package assumes:
+UTC session time zone (windows and dashboard times are UTC), duplicate attribute keys resolved
+last-wins (an OTLP span may repeat a key), few shuffle partitions (trace files are small next to
+what Spark's default of 200 is sized for), no UI, loopback only.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pyspark.sql import SparkSession
+
+DEFAULT_MASTER = "local[2]"
+
+
+def spark_session(
+    *,
+    master: str = DEFAULT_MASTER,
+    app_name: str = "enmasse-analytics",
+    driver_memory: str = "1g",
+    shuffle_partitions: int = 4,
+) -> SparkSession:
+    # The driver must bind loopback only: other hosts are neither needed nor reachable here.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+    )
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

@@ -1,0 +1,177 @@
+"""Waypoints with real broker processes behind real routers: queues through the router, shards
+and a Draining broker, outcomes passed back to the broker, and a durable topic subscription that a
+subscriber finds again through another router."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from enmasse.common.amqp import codec
+from enmasse.common.amqp.client import Client
+from enmasse.common.amqp.engine import Outcome, Terminus
+from enmasse.v1 import router_pb2
+
+from tests.fixtures.broker import BrokerFactory, BrokerProcess
+from tests.fixtures.router import RouterFleet, RouterProcess
+
+
+def _waypoint(name: str, broker: BrokerProcess, state: str = "Active") -> router_pb2.BrokerWaypoint:
+    return router_pb2.BrokerWaypoint(
+        name=name, host="127.0.0.1", port=broker.amqp_port, state=state
+    )
+
+
+@pytest.fixture
+def clients() -> Iterator[list[Client]]:
+    opened: list[Client] = []
+    yield opened
+    for c in opened:
+        c.close()
+
+
+def _connect(port: int, opened: list[Client], **options: object) -> Client:
+    opened.append(Client("127.0.0.1", port, **options))  # type: ignore[arg-type]
+    return opened[-1]
+
+
+def _numbers(receiver: object, count: int) -> list[int]:
+    got = []
+    for _ in range(count):
+        delivery = receiver.receive(10)  # type: ignore[attr-defined]
+        got.append(int(codec.read_body(delivery.payload)))
+        receiver.accept(delivery)  # type: ignore[attr-defined]
+    return got
+
+
+def _depth(broker: BrokerProcess, name: str) -> int:
+    return broker.addresses()[name].depth
+
+
+def _wait_depth(broker: BrokerProcess, name: str, depth: int) -> None:
+    deadline = time.monotonic() + 10
+    while _depth(broker, name) != depth:
+        assert time.monotonic() < deadline, f"{name} depth {_depth(broker, name)} != {depth}"
+        time.sleep(0.05)
+
+
+def _wait_broker_credit(router: RouterProcess, *, links: int) -> None:
+    """Until `links` of the router's links to brokers have credit."""
+    deadline = time.monotonic() + 10
+    while True:
+        infos = router.admin().ListLinks(router_pb2.ListLinksRequest(), timeout=10).links
+        ready = [i for i in infos if i.name == f"{router.router_id}/orders" and i.credit > 0]
+        if len(ready) == links:
+            return
+        assert time.monotonic() < deadline, infos
+        time.sleep(0.02)
+
+
+def test_queue_through_the_router_is_acked_by_the_broker_and_consumed_through_it(
+    routers: RouterFleet, broker: BrokerProcess, clients: list[Client]
+) -> None:
+    broker.ensure_queue("orders")
+    router = routers.start("r1")
+    router.apply(
+        routers.mesh_config(
+            generation=1,
+            addresses={"orders": "queue"},
+            waypoints={"orders": [_waypoint("b1", broker)]},
+        )
+    )
+    sender = _connect(router.amqp_port, clients).sender("orders")
+    for n in range(20):
+        assert sender.send(codec.encode_message(str(n).encode(), durable=True)).outcome is (
+            Outcome.ACCEPTED
+        )
+    assert _depth(broker, "orders") == 20  # the producer's ack meant: the broker has it
+    receiver = _connect(router.amqp_port, clients).receiver("orders", credit=5)
+    assert _numbers(receiver, 20) == list(range(20))
+    _wait_depth(broker, "orders", 0)
+
+
+def test_consumer_outcome_goes_back_to_the_broker(
+    routers: RouterFleet, broker: BrokerProcess, clients: list[Client]
+) -> None:
+    broker.ensure_queue("orders")
+    router = routers.start("r1")
+    router.apply(
+        routers.mesh_config(
+            generation=1,
+            addresses={"orders": "queue"},
+            waypoints={"orders": [_waypoint("b1", broker)]},
+        )
+    )
+    _connect(router.amqp_port, clients).sender("orders").send(codec.encode_message(b"1"))
+    consumer = _connect(router.amqp_port, clients)
+    receiver = consumer.receiver("orders", credit=1)
+    first = receiver.receive(10)
+    receiver.settle(first, Outcome.RELEASED)  # back on the broker's queue: delivered again
+    again = receiver.receive(10)
+    assert codec.read_body(again.payload) == b"1"
+    receiver.accept(again)
+    _wait_depth(broker, "orders", 0)
+    assert broker.addresses()["orders"].dequeued == 1
+
+
+def test_shards_share_new_messages_and_a_draining_broker_gets_none(
+    routers: RouterFleet, broker_factory: BrokerFactory, clients: list[Client]
+) -> None:
+    b1, b2, b3 = broker_factory(), broker_factory(), broker_factory()
+    for b in (b1, b2, b3):
+        b.ensure_queue("orders")
+    # A message left on the broker that is being drained: consumers must still get it.
+    with Client("127.0.0.1", b3.amqp_port) as direct:
+        direct.sender("orders").send(codec.encode_message(b"999"))
+    router = routers.start("r1")
+    router.apply(
+        routers.mesh_config(
+            generation=1,
+            addresses={"orders": "queue"},
+            waypoints={
+                "orders": [
+                    _waypoint("b1", b1),
+                    _waypoint("b2", b2),
+                    _waypoint("b3", b3, "Draining"),
+                ]
+            },
+        )
+    )
+    sender = _connect(router.amqp_port, clients).sender("orders")
+    _wait_broker_credit(router, links=2)  # a broker's first attach can take a while
+    for n in range(40):
+        assert sender.send(codec.encode_message(str(n).encode())).outcome is Outcome.ACCEPTED
+    depths = [_depth(b, "orders") for b in (b1, b2, b3)]
+    assert depths[0] + depths[1] == 40
+    assert depths[0] >= 10
+    assert depths[1] >= 10
+    assert depths[2] == 1
+    receiver = _connect(router.amqp_port, clients).receiver("orders", credit=10)
+    assert sorted(_numbers(receiver, 41)) == [*range(40), 999]
+
+
+def test_durable_subscription_is_found_again_through_another_router(
+    routers: RouterFleet, broker: BrokerProcess, clients: list[Client]
+) -> None:
+    broker.ensure_topic("prices")
+    r1, r2 = routers.start("r1"), routers.start("r2")
+    routers.apply_all(
+        routers.mesh_config(
+            generation=1,
+            addresses={"prices": "topic"},
+            waypoints={"prices": [_waypoint("b1", broker)]},
+        )
+    )
+    durable = Terminus(address="prices", durable=2, expiry_policy="never")
+    subscriber = _connect(r1.amqp_port, clients, container_id="trader-7")
+    subscription = subscriber.receiver("prices", name="ticks", source=durable, credit=10)
+    publisher = _connect(r2.amqp_port, clients).sender("prices")
+    assert publisher.send(codec.encode_message(b"1")).outcome is Outcome.ACCEPTED
+    assert _numbers(subscription, 1) == [1]
+    subscription.detach()  # away, not gone: the subscription keeps collecting
+    for n in (2, 3):
+        assert publisher.send(codec.encode_message(str(n).encode())).outcome is Outcome.ACCEPTED
+    back = _connect(r2.amqp_port, clients, container_id="trader-7")
+    resumed = back.receiver("prices", name="ticks", source=durable, credit=10)
+    assert _numbers(resumed, 2) == [2, 3]
