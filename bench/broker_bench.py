@@ -1,355 +1,185 @@
-"""Broker benchmark: figures, not assertions, side by side with RabbitMQ and the client's ceiling.
+"""Broker suite: queue throughput and latency through `enmasse-broker`, beside RabbitMQ and the
+client's own ceiling, all driven by the same client processes. Figures, never assertions.
 
-Starts `enmasse-broker` (a real process, as deployed) and, when the Debian `rabbitmq-server` is
-installed, a RabbitMQ 3.10 node with the `rabbitmq_amqp1_0` plugin, both on free loopback ports in
-a temp dir, and drives both with the SAME client harness (`enmasse.common.amqp.client` bulk
-runners on the shared engine, one OS process per producer and per consumer, so the GIL is not
-shared). It stops every process it started by PID.
+What flows in: `python -m bench broker [--quick] [--record]` (or `python -m bench.broker_bench`).
+What flows out: three tables: the client ceiling (client to client, no broker: a broker figure
+near it is limited by the clients, not by itself), queue throughput for both brokers, latency for
+both brokers.
 
-Measured, per broker:
-- queue throughput, acked end to end (producer waits for each outcome; consumer accepts each):
-  1 producer / 1 consumer and 4 / 4, bodies of 100 B, 1 KiB and 64 KiB, durable (header
-  `durable`, a persistent queue: fsync'd before the producer's accept) and not. msgs/s = messages
-  received / (last receive - first send);
-- latency at 1,000 msg/s (1/1, 100 B, not durable): p50 / p99 of receive time - send time (both
-  stamped with the machine's monotonic clock);
-- client ceiling: the same sender into the same receiver with no broker between (client to
-  client), so a figure near it says "the client is the bottleneck", not "the broker is this fast".
+What is measured: acked end to end (each producer waits for every outcome; each consumer accepts
+every message), one queue per producer/consumer pair, 1/1 and 4/4, bodies of 100 B, 1 KiB and
+64 KiB, non-durable and durable. Durable means header `durable` on a persistent queue: our broker
+fsyncs it (group commit) before it settles the producer's delivery; RabbitMQ persists it (a
+durable queue declared by the 3.10 AMQP 1.0 plugin on attach). Latency: 1,000 msgs/s for 5 s,
+100 B, 1/1, not durable.
 
-Run: `.venv/bin/python -m bench.broker_bench [--quick] [--no-rabbitmq] [--scale 1.0]`.
-The machine's cores are shared with whatever else runs (and 4/4 puts 9 processes on 2 cores):
-read the figures as orders of magnitude.
+How it runs: our broker is a real `enmasse-broker` process (tests/fixtures/broker.py) with a data
+dir in a temp dir; RabbitMQ is `bench/peers/rabbitmq.py`'s throwaway node; both on free loopback
+ports and stopped by PID. Producers and consumers are the harness's spawned processes. The
+harness's `throughput` sends non-durable payloads; for durable rows this suite swaps the payload
+builder for the duration of the call (`_durable_payloads`).
 """
 
 from __future__ import annotations
 
-import argparse
-import concurrent.futures
-import multiprocessing
-import os
-import shutil
-import signal
-import socket
-import statistics
-import subprocess
+import contextlib
 import tempfile
-import threading
-import time
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import (
-    BulkResult,
-    run_receiver,
-    run_sender,
-    serve_receiver,
-    stamped_payload,
-)
 
+from bench import harness
+from bench.harness import Context, Table, ceiling_throughput, latency_row, suite, throughput
 from tests.fixtures.broker import BrokerProcess
 
-RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 SIZES = (100, 1024, 65536)
-TIME_LIMIT = 120.0
+MESSAGES = {100: 100_000, 1024: 50_000, 65536: 5_000}
+COLUMNS = [
+    "broker",
+    "pairs",
+    "size B",
+    "durable",
+    "received",
+    "msgs/s",
+    "client CPU µs/msg",
+    "broker CPU µs/msg",
+    "errors",
+]
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+@contextlib.contextmanager
+def _durable_payloads(durable: bool) -> Iterator[None]:
+    """Makes the harness's senders send messages with header durable=true, for one call."""
+    if not durable:
+        yield
+        return
+    original = harness._payload
+    harness._payload = lambda size, *, stamp: codec.encode_message(b"x" * size, durable=True)
+    try:
+        yield
+    finally:
+        harness._payload = original
 
 
-@dataclass
-class Target:
-    """A broker under test: where to connect and how it names a queue."""
-
-    name: str
-    port: int
-    prefix: str  # RabbitMQ's AMQP 1.0 plugin names queues /queue/<name>
-    ensure: object  # callable(name, durable) creating the queue, or None when attach creates it
-
-    def address(self, queue: str) -> str:
-        return f"{self.prefix}{queue}"
-
-
-class RabbitMQ:
-    """A throwaway RabbitMQ node: own node name, ports, epmd, data and config in a temp dir."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.port = free_port()
-        self.epmd_port = free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @staticmethod
-    def available() -> bool:
-        return Path(RABBITMQ_SERVER).exists()
-
-    def start(self, timeout: float = 60.0) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        (self.workdir / "enabled_plugins").write_text("[rabbitmq_amqp1_0].\n")
-        (self.workdir / "rabbitmq.conf").write_text(
-            f"loopback_users = none\nlisteners.tcp.default = 127.0.0.1:{self.port}\n"
-        )
-        env = {
-            **os.environ,
-            "HOME": str(self.workdir),
-            "RABBITMQ_NODENAME": f"bench{os.getpid()}@localhost",
-            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
-            "RABBITMQ_NODE_PORT": str(self.port),
-            "RABBITMQ_DIST_PORT": str(free_port()),
-            "ERL_EPMD_PORT": str(self.epmd_port),
-            "ERL_EPMD_ADDRESS": "127.0.0.1",
-            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
-            "RABBITMQ_MNESIA_BASE": str(self.workdir / "mnesia"),
-            "RABBITMQ_LOG_BASE": str(self.workdir / "log"),
-            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.workdir / "enabled_plugins"),
-            "RABBITMQ_CONFIG_FILE": str(self.workdir / "rabbitmq"),
-        }
-        with open(self.workdir / "server.log", "ab") as log:
-            self.process = subprocess.Popen(
-                [RABBITMQ_SERVER],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"rabbitmq-server exited; see {self.workdir / 'server.log'}")
-            if "Starting broker... completed" in (self.workdir / "server.log").read_text():
-                return
-            time.sleep(0.2)
-        self.stop()
-        raise TimeoutError("rabbitmq-server did not start in time")
-
-    def stop(self) -> None:
-        """Stops the node's process group (the script, beam, its helpers) and its own epmd."""
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(5)
-        epmd = shutil.which("epmd") or "/usr/lib/erlang/erts-13.1.5/bin/epmd"
-        subprocess.run(
-            [epmd, "-port", str(self.epmd_port), "-kill"], capture_output=True, check=False
-        )
-
-
-def throughput(
-    pool: concurrent.futures.Executor,
-    target: Target,
-    *,
-    queue: str,
-    pairs: int,
-    size: int,
-    durable: bool,
-    count: int,
-) -> float:
-    """Acked msgs/s with `pairs` producers and `pairs` consumers on one queue."""
-    if callable(target.ensure):
-        target.ensure(queue, durable)
-    address = target.address(queue)
-    per_pair = count // pairs
-    payload = codec.encode_message(b"x" * size, durable=durable)
-    credit = 1000 if size <= 1024 else 100
-    receivers = [
-        pool.submit(
-            run_receiver,
-            "127.0.0.1",
-            target.port,
-            address=address,
-            count=per_pair,
-            credit=credit,
-            time_limit=TIME_LIMIT,
-        )
-        for _ in range(pairs)
-    ]
-    time.sleep(1.0)  # consumers attached (RabbitMQ declares the queue on attach)
-    senders = [
-        pool.submit(
-            run_sender,
-            "127.0.0.1",
-            target.port,
-            address=address,
-            payload=payload,
-            # Competing consumers: a consumer that reached its count still accepts what was
-            # already on its way, so the others would starve; a credit window of slack each.
-            count=per_pair + (credit if pairs > 1 else 0),
-            time_limit=TIME_LIMIT,
-        )
-        for _ in range(pairs)
-    ]
-    sent = [f.result() for f in senders]
-    got = [f.result() for f in receivers]
-    errors = [r.error for r in (*sent, *got) if r.error]
-    if errors:
-        return _failed(errors)
-    received = sum(r.received for r in got)
-    elapsed = max(r.finished for r in got) - min(r.started for r in sent)
-    return received / elapsed
-
-
-def latency(
-    pool: concurrent.futures.Executor, target: Target, *, queue: str, seconds: float
-) -> tuple[float, float]:
-    """p50, p99 in ms at 1,000 msg/s, 1/1, 100 B, not durable."""
-    if callable(target.ensure):
-        target.ensure(queue, False)
-    address = target.address(queue)
-    count = int(1000 * seconds)
-    receiver = pool.submit(
-        run_receiver,
-        "127.0.0.1",
-        target.port,
-        address=address,
-        count=count,
-        stamp=True,
-        time_limit=TIME_LIMIT,
-    )
-    time.sleep(1.0)
-    sender = pool.submit(
-        run_sender,
-        "127.0.0.1",
-        target.port,
-        address=address,
-        payload=stamped_payload(100),
-        count=count,
-        rate=1000,
-        stamp=True,
-        time_limit=TIME_LIMIT,
-    )
-    sender.result()
-    got: BulkResult = receiver.result()
-    if got.error or not got.latencies_ns:
-        _failed([got.error or "no messages"])
-        return float("nan"), float("nan")
-    ms = sorted(v / 1e6 for v in got.latencies_ns[count // 10 :])  # skip warm-up
-    return statistics.median(ms), ms[int(len(ms) * 0.99) - 1]
-
-
-def client_ceiling(pool: concurrent.futures.Executor, *, size: int, count: int) -> float:
-    """Client to client, no broker: the most the harness itself can push and take."""
-    manager_port: list[int] = []
-    ready = threading.Event()
-    result: list[BulkResult] = []
-
-    def serve() -> None:
-        result.append(
-            serve_receiver(
-                count=count,
-                on_port=lambda p: (manager_port.append(p), ready.set()),
-                time_limit=TIME_LIMIT,
-            )
-        )
-
-    # The receiving side runs here (a thread of this process), the sender in a process of its own.
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    ready.wait(10)
-    payload = codec.encode_message(b"x" * size)
-    sent = pool.submit(
-        run_sender,
-        "127.0.0.1",
-        manager_port[0],
-        address="ceiling",
-        payload=payload,
-        count=count,
-        time_limit=TIME_LIMIT,
-    ).result()
-    thread.join(TIME_LIMIT)
-    got = result[0] if result else BulkResult(error="no result")
-    if got.error or sent.error:
-        return _failed([e for e in (got.error, sent.error) if e])
-    return got.received / (got.finished - sent.started)
-
-
-def _failed(errors: list[str]) -> float:
-    print(f"    run failed: {errors[0]}", flush=True)
-    return float("nan")
-
-
-def enmasse_target(process: BrokerProcess) -> Target:
-    def ensure(name: str, durable: bool) -> None:
-        process.ensure_queue(name, persistent=durable)
-
-    return Target(name="enmasse", port=process.amqp_port, prefix="", ensure=ensure)
-
-
-def counts(scale: float, size: int) -> int:
-    base = {100: 50_000, 1024: 40_000, 65536: 4_000}[size]
-    return max(100, int(base * scale))
-
-
-def run_suite(args: argparse.Namespace, workdir: Path) -> list[list[str]]:
-    ctx = multiprocessing.get_context("spawn")
-    rows: list[list[str]] = []
-    with concurrent.futures.ProcessPoolExecutor(max_workers=9, mp_context=ctx) as pool:
-        ceiling = client_ceiling(pool, size=100, count=counts(args.scale, 100) * 2)
-        rows.append(["client ceiling (no broker)", "1/1 100 B acked", f"{ceiling:,.0f}", "", ""])
-        print(rows[-1], flush=True)
-        targets: list[tuple[Target, object]] = []
-        ours = BrokerProcess(workdir=workdir / "enmasse", args=["--memory-limit=2000000000"])
-        ours.start()
-        targets.append((enmasse_target(ours), ours))
-        rabbit = None
-        if args.rabbitmq and RabbitMQ.available():
-            rabbit = RabbitMQ(workdir / "rabbitmq")
-            rabbit.start()
-            targets.append((Target("rabbitmq", rabbit.port, "/queue/", None), rabbit))
+@contextlib.contextmanager
+def enmasse_broker() -> Iterator[BrokerProcess]:
+    with tempfile.TemporaryDirectory(prefix="bench-broker-") as tmp:
+        broker = BrokerProcess(workdir=Path(tmp), args=["--memory-limit=2000000000"])
+        broker.start()
         try:
-            pairs_list = (1,) if args.quick else (1, 4)
-            sizes = (100,) if args.quick else SIZES
-            cases = [(p, s, d) for p in pairs_list for s in sizes for d in (False, True)]
-            run = 0
-            for target, _ in targets:
-                for pairs, size, durable in cases:
-                    run += 1
-                    rate = throughput(
-                        pool,
-                        target,
-                        queue=f"bench-{run}",
-                        pairs=pairs,
-                        size=size,
-                        durable=durable,
-                        count=counts(args.scale, size),
-                    )
-                    kind = "durable" if durable else "non-durable"
-                    rows.append([target.name, f"{pairs}/{pairs} {size} B {kind}", f"{rate:,.0f}"])
-                    rows[-1] += ["", ""]
-                    print(rows[-1], flush=True)
-                run += 1
-                p50, p99 = latency(pool, target, queue=f"bench-{run}", seconds=args.latency_seconds)
-                rows.append(
-                    [target.name, "latency @1,000 msg/s 100 B", "", f"{p50:.2f}", f"{p99:.2f}"]
-                )
-                print(rows[-1], flush=True)
+            for i in range(4):
+                broker.ensure_queue(f"bench-{i}", persistent=False)
+                broker.ensure_queue(f"bench-durable-{i}", persistent=True)
+            broker.ensure_queue("bench-latency", persistent=False)
+            yield broker
         finally:
-            ours.stop()
-            if rabbit is not None:
-                rabbit.stop()
-    return rows
+            broker.stop()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1/1 and 100 B only")
-    parser.add_argument("--no-rabbitmq", dest="rabbitmq", action="store_false")
-    parser.add_argument("--scale", type=float, default=1.0, help="message counts x this")
-    parser.add_argument("--latency-seconds", type=float, default=5.0)
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="broker-bench-") as tmp:
-        rows = run_suite(args, Path(tmp))
-    print()
-    print("| broker | case | msgs/s | p50 ms | p99 ms |")
-    print("| --- | --- | ---: | ---: | ---: |")
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
+def _rows(
+    ctx: Context,
+    table: Table,
+    name: str,
+    *,
+    host: str,
+    port: int,
+    pid: int,
+    addresses: dict[bool, list[str]],
+    login: dict[str, str],
+) -> None:
+    sizes = (100,) if ctx.quick else SIZES
+    for pairs in (1, 4):
+        for size in sizes:
+            for durable in (False, True):
+                with _durable_payloads(durable):
+                    result = throughput(
+                        host=host,
+                        port=port,
+                        address=addresses[durable][:pairs],
+                        messages=ctx.messages(MESSAGES[size] * (2 if pairs > 1 else 1)),
+                        size=size,
+                        producers=pairs,
+                        consumers=pairs,
+                        credit=1000 if size <= 1024 else 100,
+                        peer_pid=pid,
+                        **login,  # type: ignore[arg-type]
+                    )
+                table.add(
+                    name,
+                    f"{pairs}/{pairs}",
+                    size,
+                    "yes" if durable else "no",
+                    f"{result.received}/{result.sent}",
+                    result.rate,
+                    result.client_cpu_us,
+                    "-" if result.peer_cpu_us is None else result.peer_cpu_us,
+                    "; ".join(result.errors) or "-",
+                )
+
+
+@suite("broker", "queues through enmasse-broker beside RabbitMQ 3.10, durable and not")
+def broker_suite(ctx: Context) -> Iterator[Table]:
+    from bench.peers.rabbitmq import PASSWORD, USER, RabbitMQUnavailable, rabbitmq
+
+    ceiling = Table("Client ceiling: engine client to client, no broker", COLUMNS)
+    result = ceiling_throughput(messages=ctx.messages(200_000))
+    ceiling.add(
+        "(none)", "1/1", 100, "no", f"{result.received}/{result.sent}", result.rate,
+        result.client_cpu_us, "-", "; ".join(result.errors) or "-",
+    )  # fmt: skip
+    yield ceiling
+
+    table = Table("Queue throughput, acked, one queue per pair", COLUMNS)
+    latencies = Table(
+        "Queue latency, 1/1, 100 B, not durable", ["broker", *harness.LATENCY_COLUMNS]
+    )
+    ours = {False: [f"bench-{i}" for i in range(4)], True: [f"bench-durable-{i}" for i in range(4)]}
+    with enmasse_broker() as broker:
+        _rows(
+            ctx, table, "enmasse", host="127.0.0.1", port=broker.amqp_port, pid=broker.pid,
+            addresses=ours, login={},
+        )  # fmt: skip
+        _latency(ctx, latencies, "enmasse", port=broker.amqp_port, address="bench-latency")
+    try:
+        with rabbitmq() as node:
+            queues = [f"/queue/bench-{i}" for i in range(4)]
+            login = {"user": USER, "password": PASSWORD}
+            _rows(
+                ctx, table, "rabbitmq 3.10", host=node.host, port=node.port, pid=node.pid,
+                addresses={False: queues, True: queues}, login=login,
+            )  # fmt: skip
+            _latency(
+                ctx, latencies, "rabbitmq 3.10", port=node.port, address="/queue/bench-latency",
+                **login,
+            )  # fmt: skip
+    except RabbitMQUnavailable as exc:
+        table.notes.append(f"RabbitMQ not measured: {exc}")
+    yield table
+    yield latencies
+
+
+def _latency(
+    ctx: Context, table: Table, name: str, *, port: int, address: str, **login: str
+) -> None:
+    result = harness.latency(
+        host="127.0.0.1",
+        port=port,
+        address=address,
+        rate=1000.0,
+        seconds=ctx.seconds(5.0),
+        **login,  # type: ignore[arg-type]
+    )
+    row = Table("", harness.LATENCY_COLUMNS)
+    latency_row(row, result)
+    table.add(name, *row.rows[0])
+
+
+def main() -> int:
+    import sys
+
+    return harness.main(["broker", *sys.argv[1:]])
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

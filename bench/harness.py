@@ -578,6 +578,10 @@ def client_ceiling(ctx: Context) -> Iterator[Table]:
                 messages=ctx.messages(200_000 * pairs), pairs=pairs, settled=settled
             )
             throughput_row(table, result)
+    # Larger bodies, as the broker suites use them: fewer messages, same bytes budget or so.
+    for size, messages in ((1024, 100_000), (65536, 5_000)):
+        result = ceiling_throughput(messages=ctx.messages(messages), size=size, pairs=1)
+        throughput_row(table, result)
     yield table
     yield latency_table(ctx, "Engine client to client latency", host=None, port=None)
 

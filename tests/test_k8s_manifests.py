@@ -20,6 +20,7 @@ only hide a broken setup. Two negative controls prove the validators can say no.
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 import subprocess
@@ -40,7 +41,12 @@ K8S = ROOT / "k8s"
 SCHEMAS = K8S / "schemas"
 # The oldest Kubernetes the manifests promise to run on (gRPC probes are GA since 1.27).
 KUBERNETES_VERSION = "1.32.0"
-CONTROL_PLANE = {"config": 5680, "router-agent": 5681, "storage-controller": 5682, "subscription": 5683}
+CONTROL_PLANE = {
+    "config": 5680,
+    "router-agent": 5681,
+    "storage-controller": 5682,
+    "subscription": 5683,
+}
 OVERLAYS = ["overlays/dev", "overlays/prod"]
 KUSTOMIZATIONS = sorted(
     str(path.parent.relative_to(K8S))
@@ -63,7 +69,9 @@ def _node() -> str:
     if node is None:
         pytest.fail("node not found: scripts/setup installs nodejs (apt) for the Argo CD schemas")
     if not (SCHEMAS / "node_modules" / "@kubernetes-models" / "argo-cd").is_dir():
-        pytest.fail("Argo CD schemas missing: run `npm ci --prefix k8s/schemas` (scripts/setup does)")
+        pytest.fail(
+            "Argo CD schemas missing: run `npm ci --prefix k8s/schemas` (scripts/setup does)"
+        )
     return node
 
 
@@ -211,15 +219,52 @@ def test_each_control_plane_service_is_deployed_with_grpc_readiness(overlay: str
         assert pod["serviceAccountName"] in accounts
 
 
+# Flags a Deployment passes before the service has them (each names the part still to build).
+PENDING_FLAGS = {
+    "config": "--manifests-dir: config's GitOps sync mode (issue 6, part 3) is not built yet",
+}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.xfail(reason=PENDING_FLAGS[n], strict=False))
+        if n in PENDING_FLAGS
+        else n
+        for n in CONTROL_PLANE
+    ],
+)
+def test_each_service_accepts_the_arguments_its_deployment_gives(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A flag the service does not know is a pod in CrashLoopBackOff: ask its own parser."""
+    main = importlib.import_module(f"enmasse.{name.replace('-', '_')}.main")
+    deployment = named(build("overlays/prod"), "Deployment")[name]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    try:
+        parsed = main.parse_args(args)
+    except SystemExit:
+        pytest.fail(f"enmasse-{name} refuses {args}: {capsys.readouterr().err}")
+    assert parsed.listen == f"0.0.0.0:{CONTROL_PLANE[name]}"
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_container_is_sized_and_unprivileged(overlay: str) -> None:
-    for where, pod in pod_specs(build(overlay)):
+    """Limits everywhere, and what the namespace's `restricted` Pod Security level demands (a
+    pod that breaks it is refused at admission, long after the sync said "applied")."""
+    objects = build(overlay)
+    namespace = named(objects, "Namespace")["enmasse"]["metadata"]["labels"]
+    assert namespace["pod-security.kubernetes.io/enforce"] == "restricted"
+    for where, pod in pod_specs(objects):
         assert pod["securityContext"]["runAsNonRoot"] is True, where
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, where
         for container in pod["containers"]:
             resources = container.get("resources", {})
             assert {"cpu", "memory"} <= set(resources.get("requests", {})), where
             assert {"cpu", "memory"} <= set(resources.get("limits", {})), where
-            assert container["securityContext"]["allowPrivilegeEscalation"] is False, where
+            security = container["securityContext"]
+            assert security["allowPrivilegeEscalation"] is False, where
+            assert security["capabilities"]["drop"] == ["ALL"], where
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -294,3 +339,31 @@ def test_enmasse_validate_refuses_a_broken_tenant_manifest(tmp_path: Path) -> No
     assert result.exit_code == 1
     assert f"{tmp_path / 'addresses.yaml'}:" in result.output
     assert "no-such" in result.output
+
+
+# ---------------------------------------------------------------- workloads in the GitOps output
+
+
+def test_rendered_broker_workloads_are_valid_and_fenced(tmp_path: Path) -> None:
+    """What the storage-controller commits is what Argo CD's workloads ApplicationSet applies:
+    it must pass the same strict schemas, carry the label the NetworkPolicies select, and start
+    the broker image with arguments the broker accepts."""
+    # Imported here: a service that does not import fails this test, not the whole file.
+    from enmasse.broker.main import parse_settings
+    from enmasse.storage_controller.placement import Broker
+    from enmasse.storage_controller.workloads import LocalPorts, render_broker
+
+    text = render_broker(
+        space="shop", broker=Broker("shop-broker-0", pooled=True), ports=LocalPorts(5672, 5685)
+    )
+    objects = [doc for doc in yaml.safe_load_all(text) if doc]
+    assert sorted(o["kind"] for o in objects) == ["Service", "StatefulSet"]
+    assert [e for o in objects if (e := strict_schema_errors(o))] == []
+    (statefulset,) = [o for o in objects if o["kind"] == "StatefulSet"]
+    pod = statefulset["spec"]["template"]
+    assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == "broker"
+    (container,) = pod["spec"]["containers"]
+    assert container["image"].split(":")[0] == "enmasse-py/broker"
+    assert (ROOT / "services" / "broker" / "Dockerfile").exists()
+    settings = parse_settings(container["args"])
+    assert settings is not None

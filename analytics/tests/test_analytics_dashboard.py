@@ -93,7 +93,7 @@ def test_dashboard_renders_in_headless_chromium(job_output: job.JobResult, tmp_p
     taken = _chromium(
         "--virtual-time-budget=15000",
         "--hide-scrollbars",
-        "--window-size=1400,2600",
+        "--window-size=1400,3000",
         f"--screenshot={shot}",
         url,
         profile=tmp_path / "p2",

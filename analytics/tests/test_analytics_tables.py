@@ -14,6 +14,7 @@ from enmasse.analytics import synthetic, tables
 from enmasse.analytics.job import rows
 from enmasse.analytics.spans import load_spans
 from enmasse.common import tracing
+from opentelemetry import trace
 
 # The known answers restate the traffic of conftest.py (T0 aligned to a 10 s window).
 T0 = 1_700_000_000 * 10**9
@@ -223,3 +224,33 @@ def test_malformed_lines_are_counted_and_the_rest_is_read(spark: Any, tmp_path: 
 def test_no_span_files_is_a_precise_error(spark: Any, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"no span files \(\*\.jsonl, \*\.json\) in "):
         load_spans(spark, [tmp_path / "missing"])
+
+
+def test_files_written_by_the_sdk_read_like_generated_ones(spark: Any, tmp_path: Path) -> None:
+    """The real exporter (opentelemetry-exporter-otlp-json-file, via enmasse.common.tracing)
+    and the generator write the same format: the job reads the SDK's spans the same way."""
+    setup = tracing.build_tracing(service="router", space="tenant-x", var_dir=tmp_path, ratio=1.0)
+    tracer = setup.provider.get_tracer("test")
+    attributes = tracing.span_attributes(address="orders", address_type="queue")
+    send = tracer.start_span(tracing.SPAN_SEND, start_time=T0, attributes=attributes)
+    with trace.use_span(send, end_on_exit=False):
+        route = tracer.start_span(tracing.SPAN_ROUTE, start_time=T0 + 5_000, attributes=attributes)
+        route.end(end_time=T0 + 7_500)
+    send.end(end_time=T0 + 10_000)
+    setup.shutdown()
+
+    spans, malformed = load_spans(spark, [tmp_path / "traces"])
+    assert malformed == 0
+    by_name = {r["name"]: r for r in rows(spans)}
+    assert set(by_name) == {tracing.SPAN_SEND, tracing.SPAN_ROUTE}
+    hop = by_name[tracing.SPAN_ROUTE]
+    assert hop["service"] == "enmasse-router"
+    assert hop["space"] == "tenant-x"  # from the resource: the span did not name it
+    assert hop["address"] == "orders"
+    assert hop["kind"] == "INTERNAL"
+    assert hop["duration_ns"] == 2_500
+    assert hop["parent_span_id"] == by_name[tracing.SPAN_SEND]["span_id"]
+    assert hop["trace_id"] == by_name[tracing.SPAN_SEND]["trace_id"]
+    (message,) = rows(tables.messages(spans))
+    assert message["path"] == [tracing.SPAN_ROUTE]
+    assert message["hop_sum_ns"] == 2_500

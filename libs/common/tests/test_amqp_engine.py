@@ -318,8 +318,7 @@ def test_call_soon_threadsafe_runs_everything_on_the_engine_thread():
 
 def test_connect_to_closed_port_reports_error(amqp_listener):
     engine, port = amqp_listener(ConnectionHandler)
-    engine.call_soon_threadsafe(lambda: engine.stop_listening(port))
-    time.sleep(0.1)
+    engine.submit(lambda: engine.stop_listening(port)).result(5)
     errors: list[Condition | None] = []
     done = threading.Event()
 
@@ -424,3 +423,38 @@ def test_submit_returns_results_and_errors_across_threads(amqp_listener):
         failing.result(5)
     # The engine survived the error and still runs callables.
     assert engine.submit(lambda: "still serving").result(5) == "still serving"
+
+
+def test_using_a_closed_connection_or_link_is_a_clear_error(queue_peer, amqp_client):
+    from enmasse.common.amqp import ConnectionClosed, LinkClosed
+
+    _queues, _engine, port = queue_peer
+    client = amqp_client(port)
+    sender = client.sender("q")
+    link, conn = sender.link, client.connection
+    sender.close()
+    with pytest.raises(LinkClosed, match="is closed"):
+        client.call(lambda: link.send(codec.encode_message(b"late")))
+    client.call(conn.close)
+    client.closed_with.result(5)
+    with pytest.raises(ConnectionClosed, match="is closed"):
+        client.call(lambda: conn.open_sender("q"))
+
+
+def test_shutdown_closes_connections_politely(amqp_client):
+    closed: list[Condition | None] = []
+
+    class Watcher(ConnectionHandler):
+        def on_connection_close(self, conn: Connection, error: Condition | None) -> None:
+            closed.append(error)
+
+    engine = Engine()
+    port = engine.listen(handler_factory=Watcher)
+    thread = engine.run_in_thread()
+    clients = [amqp_client(port) for _ in range(3)]
+    going_away = Condition("amqp:connection:forced", "broker shutting down")
+    engine.shutdown(error=going_away, timeout=5)
+    thread.join(5)
+    assert not thread.is_alive()
+    assert [c.closed_with.result(5) for c in clients] == [going_away] * 3
+    assert closed == [None] * 3  # our own close, answered by each client

@@ -25,6 +25,7 @@ from enmasse.common.amqp.engine import (
     Engine,
     Link,
     Outcome,
+    Tls,
 )
 
 
@@ -181,9 +182,9 @@ def test_peer_that_goes_silent_is_dropped_by_idle_timeout(amqp_listener, amqp_cl
 
 def test_connection_with_heartbeats_outlives_idle_timeout(amqp_listener, amqp_client):
     journal = Journal()
-    _engine, port = amqp_listener(lambda: Recorder(journal), idle_timeout=0.3)
+    _engine, port = amqp_listener(lambda: Recorder(journal), idle_timeout=1.0)
     sender = amqp_client(port).sender("in")
-    time.sleep(1.0)  # several idle periods with no messages, only heartbeats
+    time.sleep(2.5)  # more than two idle periods with no messages, only heartbeats
     assert journal.of("close") == []
     assert sender.send(codec.encode_message(b"alive")).outcome == Outcome.ACCEPTED
 
@@ -379,3 +380,29 @@ def test_many_clients_at_once_each_get_their_messages(amqp_listener, amqp_client
     assert len(bodies) == 1000
     for i in range(20):
         assert [b for b in bodies if b.startswith(f"{i}-")] == [f"{i}-{n}" for n in range(50)]
+
+
+def test_tls_listener_serves_verified_clients_only(amqp_listener, amqp_client, tls_certificate):
+    cert, key = tls_certificate("broker")
+    other_cert, _other_key = tls_certificate("impostor")
+    journal = Journal()
+    encrypted: list[bool] = []
+
+    class Secure(Recorder):
+        def on_connection_open(self, conn: Connection) -> None:
+            encrypted.append(conn.encrypted)
+
+    _engine, port = amqp_listener(lambda: Secure(journal), tls=Tls(cert_file=cert, key_file=key))
+    client = amqp_client(port, hostname="localhost", tls=Tls(ca_file=cert, verify_hostname=True))
+    payload = codec.encode_message(b"over tls")
+    assert client.sender("in").send(payload).outcome == Outcome.ACCEPTED
+    assert journal.messages == [payload]
+    assert encrypted == [True]
+    assert client.call(lambda: client.connection.encrypted)
+    with pytest.raises(AmqpError, match="certificate verify failed"):
+        amqp_client(port, tls=Tls(ca_file=other_cert))
+    with pytest.raises(AmqpError, match="certificate verify failed"):
+        amqp_client(port, hostname="elsewhere", tls=Tls(ca_file=cert, verify_hostname=True))
+    with pytest.raises(AmqpError, match="amqp:connection:framing-error"):
+        amqp_client(port)  # plain AMQP against a TLS listener
+    assert encrypted == [True]

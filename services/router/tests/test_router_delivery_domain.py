@@ -1,4 +1,4 @@
-"""Balancing, the settlement ledger, multicast copy queues, addresses: the pure delivery logic."""
+"""Balancing, multicast copy queues, addresses: the pure delivery logic."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from enmasse.router.addressing import (
 from enmasse.router.balancing import Balancer
 from enmasse.router.config import AddressRoute, Distribution, RouterConfig
 from enmasse.router.fanout import CopyQueue
-from enmasse.router.ledger import SettlementLedger
 
 
 def test_idle_consumers_share_round_robin() -> None:
@@ -63,19 +62,6 @@ def test_removing_a_target_keeps_rotation_sane() -> None:
     balancer.remove("b")
     assert balancer.choose(lambda _t: True) is None
     assert len(balancer) == 0
-
-
-def test_ledger_settles_the_right_producer_out_of_order() -> None:
-    ledger: SettlementLedger[str, int, str] = SettlementLedger()
-    for n in range(5):
-        ledger.record(link="consumer", sent=n, carries=f"producer-{n}")
-    assert ledger.settle(link="consumer", sent=3) == "producer-3"
-    assert ledger.settle(link="consumer", sent=0) == "producer-0"
-    assert ledger.settle(link="consumer", sent=3) is None
-    assert ledger.unsettled_on("consumer") == 3
-    assert ledger.release_link("consumer") == ["producer-1", "producer-2", "producer-4"]
-    assert len(ledger) == 0
-    assert ledger.settle(link="consumer", sent=1) is None
 
 
 def test_copy_queue_holds_then_drops_the_oldest_and_counts() -> None:

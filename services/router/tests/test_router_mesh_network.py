@@ -213,3 +213,24 @@ def test_kill_one_of_three_routers_under_load(routers: RouterFleet) -> None:
             consumer.stop.set()
         for consumer in consumers:
             consumer.thread.join(10)
+
+
+def test_a_slow_multicast_consumer_does_not_stall_the_others(
+    pair: tuple[RouterProcess, RouterProcess], clients: list[Client]
+) -> None:
+    r1, _ = pair
+    consumers = _connect(r1, clients)
+    stalled = consumers.receiver("news", credit=0)  # never grants credit
+    lively = consumers.receiver("news", credit=100)
+    sender = _connect(r1, clients).sender("news", settled=True)
+    total = 1200  # the router holds at most 1,000 copies for one consumer
+    for n in range(total):
+        sender.send_async(codec.encode_message(str(n).encode()))
+    got = [int(codec.read_body(lively.receive(10).payload)) for _ in range(total)]
+    assert got == list(range(total))
+    stats = r1.address_stats("news")
+    assert stats is not None
+    assert stats.dropped == total - 1000
+    stalled.flow(2000)
+    first = int(codec.read_body(stalled.receive(10).payload))
+    assert first == total - 1000  # the oldest copies were the ones dropped

@@ -6,6 +6,10 @@ the head (no CDN: a viewer, like this machine, may reach nothing outside), every
 figure, an overview section (all spaces) comes first, then one section per address space with its
 addresses. It opens from the file system, without a server; `enmasse dashboard` opens or serves it.
 
+The grid has a fixed number of columns, not auto-fit: each chart's script runs while the page is
+still being parsed and sizes the chart to its cell then; an auto-fit grid would give the first
+chart of a section the whole row and squeeze it afterwards.
+
 Pure: `render` touches no file and no Spark, so the page can be built from hand-made rows. Every
 chart is a `<div class="chart">`; plotly marks the ones it drew with `js-plotly-plot`, which is how
 the browser test tells drawn charts from empty boxes. A table with no rows shows a sentence saying
@@ -27,13 +31,14 @@ from plotly.offline import get_plotlyjs
 Row = Mapping[str, Any]
 
 _HEIGHT = 340
-_CONFIG = {"displaylogo": False, "responsive": True}
+_CONFIG = {"displaylogo": False, "displayModeBar": False, "responsive": True}
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 0 2rem 2rem; color: #222; }
 h1 { margin: 1.2rem 0 0.2rem; } h2 { border-bottom: 1px solid #ccc; margin-top: 2rem; }
 .meta { color: #666; margin-bottom: 1rem; }
-.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr)); gap: 1rem; }
-.chart { min-height: 340px; border: 1px solid #eee; }
+.grid { display: grid; grid-template-columns: repeat(2, minmax(0, 1fr)); gap: 1rem; }
+@media (max-width: 1000px) { .grid { grid-template-columns: minmax(0, 1fr); } }
+.chart { min-height: 340px; border: 1px solid #eee; overflow: hidden; min-width: 0; }
 .empty { color: #888; font-style: italic; padding: 1rem; border: 1px dashed #ddd; }
 """
 
@@ -124,7 +129,7 @@ def _spaces(data: DashboardData) -> list[str]:
 def _overview(page: _Builder, data: DashboardData) -> list[str]:
     return [
         page.chart(
-            _lines(data.throughput_space, series="space", y="sent_per_s"),
+            _throughput_bars(data.throughput_space, series="space", y="sent_per_s"),
             title="Messages sent per second, per address space",
             empty="no sampled sends",
         ),
@@ -157,7 +162,7 @@ def _space_section(page: _Builder, data: DashboardData, space: str) -> list[str]
 
     return [
         page.chart(
-            _lines(of_space(data.throughput_address), series="address", y="sent_per_s"),
+            _throughput_bars(of_space(data.throughput_address), series="address", y="sent_per_s"),
             title=f"{space}: messages sent per second, per address",
             empty="no sampled sends",
         ),
@@ -182,7 +187,9 @@ def _space_section(page: _Builder, data: DashboardData, space: str) -> list[str]
 # --- figures (None when there is nothing to draw) ----------------------------------------------
 
 
-def _lines(rows: Sequence[Row], *, series: str, y: str) -> go.Figure | None:
+def _throughput_bars(rows: Sequence[Row], *, series: str, y: str) -> go.Figure | None:
+    """Messages/s per window, one stacked segment per `series` (space or address), so the bar's
+    height is the total and a window with a single sample still reads clearly."""
     if not rows:
         return None
     by_series: dict[str, list[Row]] = defaultdict(list)
@@ -192,14 +199,13 @@ def _lines(rows: Sequence[Row], *, series: str, y: str) -> go.Figure | None:
     for name, points in sorted(by_series.items()):
         points.sort(key=lambda r: r["window_start"])
         figure.add_trace(
-            go.Scatter(
-                x=[p["window_start"] for p in points],
-                y=[p[y] for p in points],
-                mode="lines+markers",
-                name=name,
-            )
+            go.Bar(x=[p["window_start"] for p in points], y=[p[y] for p in points], name=name)
         )
-    figure.update_layout(xaxis_title="window start (UTC)", yaxis_title="messages/s")
+    figure.update_layout(
+        barmode="stack",
+        xaxis={"title": "window start (UTC)", "type": "category"},
+        yaxis_title="messages/s",
+    )
     return figure
 
 

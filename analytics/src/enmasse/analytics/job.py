@@ -12,13 +12,14 @@ reads the small aggregate tables back into plain rows (`collect`), never the spa
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 from enmasse.analytics import dashboard, tables
-from enmasse.analytics.spans import load_spans
+from enmasse.analytics.spans import observed_spans
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import TimestampType
@@ -69,16 +70,19 @@ def run(
     if top <= 0:
         raise ValueError(f"top must be a positive number of talkers, not {top}")
     out = Path(output)
-    raw_spans, malformed = load_spans(spark, inputs)
+    raw_spans, lines = observed_spans(spark, inputs)
     written: dict[str, Path] = {}
 
     def save(name: str, frame: DataFrame) -> DataFrame:
         path = out / name
+        started = time.perf_counter()
         frame.write.mode("overwrite").parquet(str(path))
+        log.debug("table written", table=name, seconds=round(time.perf_counter() - started, 2))
         written[name] = path
         return spark.read.parquet(str(path))
 
     spans = save("spans", raw_spans)
+    malformed = int(lines.get["malformed"])
     messages = save("messages", tables.messages(spans))
     derived: dict[str, Callable[[], DataFrame]] = {
         "throughput_address": lambda: tables.throughput(spans, window_seconds=window_seconds),

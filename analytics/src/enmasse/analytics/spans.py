@@ -9,7 +9,8 @@ every table in `enmasse.analytics.tables`.
 The JSON is read with an explicit schema, not inferred: inference reads everything twice, and an
 explicit schema makes a missing field a null instead of a changed type. OTLP JSON writes 64-bit
 integers as strings and enums as numbers (some writers as names); both are accepted. A line that
-is not JSON is counted (`malformed_lines`), never fatal: one torn line at the end of a killed
+is not JSON is counted (`malformed_lines`, or observed in the same pass by `observed_spans`),
+never fatal: one torn line at the end of a killed
 process's file must not lose the rest.
 """
 
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from enmasse.common import tracing
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
@@ -224,6 +225,17 @@ def _enum(column: Column, names: dict[str, str], *, prefix: str) -> Column:
 
 
 def load_spans(spark: SparkSession, paths: Sequence[str | Path]) -> tuple[DataFrame, int]:
-    """Flat spans of every file under `paths`, and how many lines were not JSON."""
+    """Flat spans of every file under `paths`, and how many lines were not JSON (two passes)."""
     raw = read_otlp(spark, paths)
     return flatten(raw), malformed_lines(raw)
+
+
+def observed_spans(
+    spark: SparkSession, paths: Sequence[str | Path]
+) -> tuple[DataFrame, Observation]:
+    """Like `load_spans` in one pass: the malformed-line count is observed while the spans are
+    computed, and readable (`observation.get["malformed"]`) after the first action on them."""
+    observation = Observation("otlp_lines")
+    bad = F.col("resourceSpans").isNull() & F.col(CORRUPT).isNotNull()
+    raw = read_otlp(spark, paths).observe(observation, F.count(F.when(bad, 1)).alias("malformed"))
+    return flatten(raw), observation

@@ -129,6 +129,7 @@ class ConfigClient:
         manager: str = "cli",
         prune: bool = False,
         dry_run: bool = False,
+        atomic: bool = True,
     ) -> config_pb2.ApplyResponse:
         request = config_pb2.ApplyRequest(
             space=space,
@@ -136,7 +137,7 @@ class ConfigClient:
             resources=list(resources),
             prune=prune,
             dry_run=dry_run,
-            atomic=True,
+            atomic=atomic,
         )
         reply: config_pb2.ApplyResponse = self._call("Apply", request)
         return reply

@@ -6,6 +6,7 @@
     enmasse delete KIND NAME [--space S]
     enmasse watch KIND [--space S]               events until Ctrl-C
     enmasse validate -f FILE|DIR                 offline, for a manifests repo's CI (offline.py)
+    enmasse diff -f FILE|DIR [--prune]           what apply would create/change/prune (diff.py)
     enmasse dashboard [--serve]                  the tracing dashboard (dashboard.py)
 
 Global options: `--server host:port` (else $ENMASSE_SERVER, else <var>/run/config.addr written by
@@ -27,14 +28,24 @@ from pathlib import Path
 import click
 import structlog
 from enmasse.cli import dashboard as dashboard_view
+from enmasse.cli import diff as diffs
 from enmasse.cli import local, offline
 from enmasse.cli.apply import batches, outcome_line
 from enmasse.cli.client import DEFAULT_TIMEOUT, CliError, ConfigClient, resolve_server
 from enmasse.cli.kinds import UnknownKind, resolve_kind
 from enmasse.cli.render import make_console, print_resources, print_table
 from enmasse.common.logging import configure_logging
-from enmasse.common.manifests import KINDS, KindInfo, display_name, inner, kind_of, load_paths
-from enmasse.v1 import config_pb2
+from enmasse.common.manifests import (
+    KINDS,
+    KindInfo,
+    Loaded,
+    display_name,
+    inner,
+    kind_of,
+    load_paths,
+)
+from enmasse.common.validation import key_of
+from enmasse.v1 import config_pb2, resources_pb2
 
 log = structlog.get_logger("enmasse.cli")
 
@@ -98,6 +109,18 @@ def _space_for(info: KindInfo, space: str, *, verb: str) -> str:
 # ---------------------------------------------------------------- apply / validate
 
 
+def load_or_refuse(paths: Sequence[str], *, space: str, outcome: str) -> Loaded:
+    """Every manifest of the paths, or every error on stderr and a CliError: all or nothing."""
+    loaded = load_paths(paths, default_space=space)
+    for error in loaded.errors:
+        click.echo(str(error), err=True)
+    if loaded.errors:
+        raise CliError(f"{len(loaded.errors)} bad manifest(s): {outcome}")
+    if not loaded.manifests:
+        raise CliError(f"no manifests in {', '.join(paths)}")
+    return loaded
+
+
 def apply_paths(
     settings: Settings,
     paths: Sequence[str],
@@ -106,13 +129,7 @@ def apply_paths(
     dry_run: bool = False,
     prune: bool = False,
 ) -> None:
-    loaded = load_paths(paths, default_space=space)
-    for error in loaded.errors:
-        click.echo(str(error), err=True)
-    if loaded.errors:
-        raise CliError(f"{len(loaded.errors)} bad manifest(s): nothing applied")
-    if not loaded.manifests:
-        raise CliError(f"no manifests in {', '.join(paths)}")
+    loaded = load_or_refuse(paths, space=space, outcome="nothing applied")
     with settings.client() as client:
         for batch in batches(loaded.manifests):
             log.debug("apply", space=batch.space, resources=len(batch.resources))
@@ -148,6 +165,60 @@ def validate(paths: tuple[str, ...]) -> None:
         click.echo(f"{len(problems)} error(s)", err=True)
         raise SystemExit(1)
     click.echo(f"{len(loaded.manifests)} manifests valid")
+
+
+@cli.command()
+@click.option("-f", "--filename", "paths", multiple=True, required=True, metavar="FILE|DIR")
+@click.option("-s", "--space", default="", help="for manifests that name no metadata.space")
+@click.option("--prune", is_flag=True, help="also show what `apply --prune` would delete")
+@click.option(
+    "--manager",
+    default="cli",
+    show_default=True,
+    help="whose resources a prune touches (the GitOps sync's own name, to preview a sync)",
+)
+@pass_settings
+def diff(settings: Settings, paths: tuple[str, ...], space: str, prune: bool, manager: str) -> None:
+    """Show what `apply -f` would create, change, prune or refuse; change nothing.
+
+    Exit code 0 when the apply would go through, 1 when it would refuse something."""
+    loaded = load_or_refuse(paths, space=space, outcome="nothing compared")
+    # Keyed as ApplyResults name resources: (kind, space or "" for cluster-scoped, name).
+    desired = {key_of(m.resource): m.resource for m in loaded.manifests}
+    results: list[config_pb2.ApplyResult] = []
+    with settings.client() as client:
+        for batch in batches(loaded.manifests):
+            reply = client.apply(
+                space=batch.space,
+                resources=batch.resources,
+                manager=manager,
+                prune=prune,
+                dry_run=True,
+                atomic=False,  # every refusal with its reason, not the first one as an error
+            )
+            for result in reply.results:
+                results.append(result)
+                _echo_change(client, result=result, desired=desired)
+    click.echo(diffs.summary_line(results))
+    if any(r.action == config_pb2.ApplyResult.REFUSED for r in results):
+        raise SystemExit(1)
+
+
+def _echo_change(
+    client: ConfigClient,
+    *,
+    result: config_pb2.ApplyResult,
+    desired: dict[tuple[str, str, str], resources_pb2.Resource],
+) -> None:
+    if (line := diffs.change_line(result)) is None:
+        return
+    click.echo(line)
+    if result.action != config_pb2.ApplyResult.UPDATED:
+        return
+    live = client.get(KINDS[result.kind], name=result.ref.name, space=result.ref.space)
+    wanted = desired[(result.kind, result.ref.space, result.ref.name)]
+    for changed in diffs.spec_diff(live, wanted) or ["(only the password, never shown)"]:
+        click.echo(f"    {changed}")
 
 
 # ---------------------------------------------------------------- get / delete / watch

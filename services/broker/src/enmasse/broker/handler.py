@@ -24,6 +24,7 @@ import structlog
 from enmasse.broker.broker import Broker, NotFound, now_ms
 from enmasse.broker.config import Settings
 from enmasse.broker.entry import Entry
+from enmasse.broker.facts import message_facts
 from enmasse.broker.journal import GroupCommitter
 from enmasse.broker.queue import Queue, Settlement
 from enmasse.broker.topic import durable_identity
@@ -258,9 +259,9 @@ class BrokerConnection(ConnectionHandler):
 
     def on_message(self, link: Link, delivery: Delivery) -> None:
         producer: Producer = link.context
+        payload = delivery.payload
         try:
-            header = delivery.header
-            expiry = delivery.absolute_expiry_time
+            durable, ttl, expiry = message_facts(payload)
         except (codec.CodecError, IndexError, ValueError) as exc:
             delivery.settle(Outcome.REJECTED, error=Condition(DECODE_ERROR, str(exc)))
             self._top_up(producer)
@@ -269,9 +270,9 @@ class BrokerConnection(ConnectionHandler):
         try:
             owned = self.broker.publish(
                 producer.address,
-                payload=delivery.payload,
-                durable=header.durable,
-                ttl_ms=header.ttl,
+                payload=payload,
+                durable=durable,
+                ttl_ms=ttl,
                 absolute_expiry_ms=expiry,
                 on_owned=settle,
             )
@@ -279,11 +280,10 @@ class BrokerConnection(ConnectionHandler):
             delivery.settle(Outcome.REJECTED, error=Condition(NOT_FOUND, str(exc)))
             link.close(Condition(NOT_FOUND, str(exc)))
             return
-        if owned:
-            if settle is not None:
-                settle()
-        else:
+        if not owned:
             self.endpoint.schedule_commit()
+        elif settle is not None:
+            settle()
         if link.credit < self.window // 2:
             self._top_up(producer)
 
@@ -313,7 +313,12 @@ class BrokerConnection(ConnectionHandler):
     def on_outcome(self, link: Link, delivery: Delivery, outcome: Outcome) -> None:
         consumer: LinkConsumer = link.context
         queue = consumer.queue
-        queue.settle(consumer, delivery.context, settlement_of(delivery, outcome))
-        if outcome != Outcome.ACCEPTED:
-            queue.dispatch(now_ms())  # redeliver to whoever has credit
-        self.endpoint.schedule_commit()
+        entry: Entry = delivery.context
+        if outcome == Outcome.ACCEPTED:
+            queue.settle(consumer, entry, Settlement.ACCEPTED)
+            if entry.journaled:
+                self.endpoint.schedule_commit()  # the ack record
+            return
+        queue.settle(consumer, entry, settlement_of(delivery, outcome))
+        queue.dispatch(now_ms())  # redeliver to whoever has credit
+        self.endpoint.schedule_commit()  # dead letters may have moved

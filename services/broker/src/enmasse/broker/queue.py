@@ -152,23 +152,29 @@ class Queue:
 
     def _dispatch_round_robin(self, consumers: list[Consumer], now_ms: int) -> int:
         n = len(consumers)
+        # Credit is read once per consumer per call and counted down here: every delivery
+        # takes exactly one credit, and asking the link each time costs more than the rest.
+        credits = [c.credit() for c in consumers]
+        in_flight = self._in_flight
         i = self._rr % n
         idle = 0
         sent = 0
         while self.depth and idle < n:
-            consumer = consumers[i]
-            i = (i + 1) % n
-            if consumer.credit() <= 0:
+            if credits[i] <= 0:
                 idle += 1
+                i = (i + 1) % n
                 continue
             entry = self._pop_ready(now_ms)
             if entry is None:
                 break
             idle = 0
+            credits[i] -= 1
+            consumer = consumers[i]
             entry.state = State.IN_FLIGHT
-            self._in_flight[consumer].add(entry)
+            in_flight[consumer].add(entry)
             consumer.deliver(entry)
             sent += 1
+            i = (i + 1) % n
         self._rr = i
         return sent
 
@@ -204,13 +210,18 @@ class Queue:
     # ------------------------------------------------------------------ outcomes
 
     def settle(self, consumer: Consumer, entry: Entry, settlement: Settlement) -> None:
-        held = self._in_flight.get(consumer)
-        if held is None or entry not in held:
+        try:
+            self._in_flight[consumer].remove(entry)
+        except KeyError:
             return  # settled twice, or after the consumer left (already returned)
-        held.discard(entry)
         if settlement is Settlement.ACCEPTED:
+            # The hot path, inlined: one acknowledgement per message consumed.
             self.dequeued += 1
-            self._remove(entry, Removal.ACKED)
+            entry.state = State.GONE
+            size = len(entry.payload)
+            self.bytes -= size
+            self.budget.used -= size
+            self.on_removed(self, entry, Removal.ACKED)
         elif settlement is Settlement.REJECTED:
             self._remove(entry, Removal.DEAD_LETTERED)
         elif settlement is Settlement.FAILED:

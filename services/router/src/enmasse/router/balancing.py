@@ -54,10 +54,13 @@ class Balancer(Generic[T]):
 
     def choose(self, has_credit: Callable[[T], bool]) -> T | None:
         """The target with credit and the fewest outstanding; ties: the next in rotation."""
+        count = len(self._targets)
+        if count == 1:
+            only = self._targets[0]
+            return only if has_credit(only) else None
         best: T | None = None
         best_load = 0
         best_index = 0
-        count = len(self._targets)
         for step in range(count):
             index = (self._next + step) % count
             target = self._targets[index]

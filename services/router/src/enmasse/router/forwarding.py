@@ -138,6 +138,7 @@ class LinkState:
     copies: CopyQueue[bytes] | None = None  # multicast out
     durable: bool = False  # waypoint consumer: detach (not close) its broker links on the way out
     deliveries: int = 0
+    unflowed: int = 0  # producer: deliveries taken since credit was last given back
 
 
 @dataclass(eq=False)
@@ -184,6 +185,7 @@ class Router:
         self.connections: dict[int, ConnectionRecord] = {}
         self._connection_ids = itertools.count(1)
         self._dialing: dict[str, int] = {}  # peer router id -> attempts so far
+        self._max_message_size = 0
         self._log = log.bind(router=router_id)
 
     # ------------------------------------------------------------------ configuration
@@ -194,6 +196,7 @@ class Router:
             return router_pb2.ApplyConfigResponse(generation=self.config.generation, changed=False)
         config = config_from_proto(pushed, router_id=self.router_id)
         previous, self.config = self.config, config
+        self._max_message_size = config.limits.max_message_size
         self._log.info("config applied", generation=config.generation, space=config.space)
         self._retire_addresses(previous)
         self._sync_brokers()
@@ -208,7 +211,7 @@ class Router:
     def _retire_addresses(self, previous: RouterConfig) -> None:
         """Points whose route changed are rebuilt; links to deleted addresses are closed."""
         for address, point in list(self.points.items()):
-            if point.kind == DYNAMIC or point.resolution.kind.startswith("_"):
+            if point.kind == DYNAMIC:
                 continue
             route = self.config.route(address)
             if route == previous.route(address):
@@ -263,6 +266,7 @@ class Router:
             missing = PRODUCER_WINDOW - producer.credit
             if missing > 0:
                 producer.flow(missing)
+            producer.context.unflowed = 0
 
     # ------------------------------------------------------------------ client connections
 
@@ -395,7 +399,7 @@ class Router:
             self._from_control(link, state, delivery)
 
     def _from_producer(self, link: Link, state: LinkState, delivery: Delivery) -> None:
-        limit = self.config.limits.max_message_size
+        limit = self._max_message_size
         if limit and len(delivery.payload) > limit:
             delivery.settle(
                 Outcome.REJECTED,
@@ -404,7 +408,10 @@ class Router:
                     f"message of {len(delivery.payload)} bytes exceeds the limit of {limit} bytes",
                 ),
             )
-            self._top_up(link, state.point)
+            if state.point is None:
+                link.flow(1)
+            else:
+                self._top_up(link, state)
             return
         point = state.point
         if point is None:
@@ -415,7 +422,7 @@ class Router:
             self._fan_out(point, delivery, origin=self.router_id)
         else:
             self._route(point, delivery)
-        self._top_up(link, point)
+        self._top_up(link, state)
 
     def _from_anonymous(self, link: Link, delivery: Delivery) -> None:
         link.flow(1)
@@ -443,12 +450,17 @@ class Router:
         else:
             self._route(point, delivery)
 
-    def _top_up(self, link: Link, point: AddressPoint | None) -> None:
+    def _top_up(self, link: Link, state: LinkState) -> None:
+        """Gives back, in batches, the credit of deliveries that moved on (counted, not asked:
+        reading a link's credit is a call into proton, too dear for every message)."""
+        state.unflowed += 1
+        if state.unflowed < PRODUCER_WINDOW // 2:
+            return
+        point = state.point
         if point is None or point.pending or not self._reachable(point):
             return
-        credit = link.credit
-        if credit < PRODUCER_WINDOW // 2:
-            link.flow(PRODUCER_WINDOW - credit)
+        link.flow(state.unflowed)
+        state.unflowed = 0
 
     # ------------------------------------------------------------------ anycast and waypoints
 
@@ -535,14 +547,17 @@ class Router:
             point.targets.settled(link)
             point.counters.count_outcome(_OUTCOME_NAMES.get(outcome, "released"))
         if carried is not None:
-            if outcome is Outcome.NONE:
-                outcome = Outcome.RELEASED
-            carried.settle(
-                outcome,
-                error=delivery.error,
-                delivery_failed=delivery.delivery_failed,
-                undeliverable_here=delivery.undeliverable_here,
-            )
+            if outcome is Outcome.ACCEPTED:
+                carried.settle(outcome)
+            elif outcome is Outcome.NONE:
+                carried.settle(Outcome.RELEASED)
+            else:
+                carried.settle(
+                    outcome,
+                    error=delivery.error,
+                    delivery_failed=delivery.delivery_failed,
+                    undeliverable_here=delivery.undeliverable_here,
+                )
         if point is not None and point.pending and link.credit > 0:
             self._drain_pending(point)
 
@@ -699,9 +714,11 @@ class Router:
             self._send_to_consumer(point, consumer, held.popleft())
         want = consumer.credit - len(held)
         for feed in state.feeds:
-            missing = want - feed.credit
-            if missing > 0:
-                feed.flow(missing)
+            have = feed.credit
+            # In batches: a flow frame to the broker for every message the consumer takes
+            # would cost the router and the broker more than the message itself.
+            if want > have and (have == 0 or have <= want // 2):
+                feed.flow(want - have)
 
     def _from_broker(self, state: LinkState, delivery: Delivery) -> None:
         consumer = state.consumer

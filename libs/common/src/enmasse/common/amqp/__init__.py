@@ -34,6 +34,7 @@ From another thread (asyncio admin): `await asyncio.wrap_future(engine.submit(fn
 from enmasse.common.amqp.engine import (
     Condition,
     Connection,
+    ConnectionClosed,
     ConnectionHandler,
     Delivery,
     Engine,
@@ -42,11 +43,13 @@ from enmasse.common.amqp.engine import (
     Outcome,
     Terminus,
     Timer,
+    Tls,
 )
 
 __all__ = [
     "Condition",
     "Connection",
+    "ConnectionClosed",
     "ConnectionHandler",
     "Delivery",
     "Engine",
@@ -55,4 +58,5 @@ __all__ = [
     "Outcome",
     "Terminus",
     "Timer",
+    "Tls",
 ]

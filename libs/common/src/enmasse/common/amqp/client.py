@@ -36,6 +36,7 @@ from enmasse.common.amqp.engine import (
     Link,
     Outcome,
     Terminus,
+    Tls,
 )
 
 
@@ -97,6 +98,8 @@ class Client:
         timeout: float = 10.0,
         properties: dict[str, Any] | None = None,
         desired_capabilities: tuple[str, ...] = (),
+        tls: Tls | None = None,
+        hostname: str | None = None,
     ) -> None:
         self.timeout = timeout
         self.engine = Engine(container_id=container_id)
@@ -111,6 +114,8 @@ class Client:
                 password=password,
                 properties=properties,
                 desired_capabilities=desired_capabilities,
+                tls=tls,
+                hostname=hostname,
             )
         )
         try:
@@ -555,22 +560,7 @@ def _run(engine: Engine, done: threading.Event, limit: float) -> None:
     dispositions we sent last."""
     thread = engine.run_in_thread(name="amqp-bulk")
     done.wait(limit + 5)
-    closed = threading.Event()
-
-    def wait_closed() -> None:
-        if engine.connections:
-            engine.call_later(0.01, wait_closed)
-        else:
-            closed.set()
-
-    def close_all() -> None:
-        for conn in engine.connections:
-            conn.close()
-        wait_closed()
-
-    engine.call_soon_threadsafe(close_all)
-    closed.wait(5)
-    engine.stop()
+    engine.shutdown(timeout=5)
     thread.join(5)
 
 

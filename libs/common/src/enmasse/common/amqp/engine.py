@@ -49,9 +49,10 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
+import cproton
 import structlog
 from cproton_ffi import ffi, lib
-from enmasse.common.amqp import codec
+from enmasse.common.amqp import codec, sasl
 
 log = structlog.get_logger("enmasse.amqp")
 
@@ -119,6 +120,20 @@ class Terminus:
     filter: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True)
+class Tls:
+    """TLS for a listener (cert_file + key_file; ca_file too to require client certificates)
+    or for an outgoing connection (ca_file: verify the peer's certificate against it, and with
+    verify_hostname also its name; no ca_file: encrypt without verifying, as for self-signed).
+    """
+
+    cert_file: str | None = None
+    key_file: str | None = None
+    password: str | None = None
+    ca_file: str | None = None
+    verify_hostname: bool = False
+
+
 class ConnectionHandler:
     """What a process does with one connection's events. Subclass; every method is optional.
 
@@ -172,7 +187,7 @@ class Delivery:
     _header: codec.Header | None = None
     _properties: codec.Properties | None = None
 
-    def __init__(self, link: Link, ptr: Any, payload: bytes, *, pre_settled: bool) -> None:
+    def __init__(self, link: Link, ptr: Any, payload: bytes, pre_settled: bool) -> None:
         self.link = link
         self._ptr = ptr
         self.payload = payload
@@ -275,9 +290,10 @@ class Link:
         "_max_message_size",
         "_next_tag",
         "_opened",
-        "_partial",
         "_ptr",
         "_receiving",
+        "_tag_bytes",
+        "_tag_view",
         "_unsettled",
         "address",
         "connection",
@@ -298,11 +314,12 @@ class Link:
         self.context: Any = None
         self._opened = False
         self._receiving = False  # a receiving link that takes transfers (open, not closing)
-        self._partial: bytearray | None = None
         self._unsettled: dict[Any, Delivery] = {}
         self._next_tag = 1
         self._engine = connection.engine
         self._dirty = connection.engine._dirty
+        self._tag_view = connection.engine._tag_view
+        self._tag_bytes = connection.engine._tag
         self._handler = connection.handler
         self._max_message_size = connection._max_message_size if not self.is_sender else 0
         if peer_initiated:
@@ -428,19 +445,18 @@ class Link:
             raise LinkClosed(f"link {self.name!r} is closed")
         if tag is None:
             # proton copies the tag at once, so one engine-wide buffer serves every send.
-            engine = self._engine
-            _pack_tag(engine._tag_view, 0, self._next_tag)
+            _pack_tag(self._tag_view, 0, self._next_tag)
             self._next_tag += 1
-            dptr = _pn_delivery(ptr, engine._tag)
+            dptr = _pn_delivery(ptr, self._tag_bytes)
         else:
             dptr = _pn_delivery(ptr, (len(tag), ffi.from_buffer(tag)))
         _pn_link_send(ptr, payload, len(payload))
         _pn_link_advance(ptr)
         if settled:
             _pn_delivery_settle(dptr)
-            delivery = Delivery(self, None, payload, pre_settled=True)
+            delivery = Delivery(self, None, payload, True)
         else:
-            delivery = Delivery(self, dptr, payload, pre_settled=False)
+            delivery = Delivery(self, dptr, payload, False)
             self._unsettled[dptr] = delivery
         if context is not None:
             delivery.context = context
@@ -481,6 +497,10 @@ class LinkClosed(Exception):
     """send() on a link that has ended."""
 
 
+class ConnectionClosed(Exception):
+    """Opening a link on a connection that has ended."""
+
+
 class Connection:
     """One AMQP connection (one socket, one proton transport), incoming or outgoing."""
 
@@ -515,6 +535,10 @@ class Connection:
         self._open_timer: Timer | None = None
         self._linger_timer: Timer | None = None
         self._io_error: Condition | None = None
+        self._sasl: sasl.SaslServer | None = None  # our own SASL exchange, while it runs
+        self._sasl_user: str | None = None
+        self._pre_output = b""  # SASL bytes that must reach the peer before proton's
+        self._refused = False  # SASL said no: close once _pre_output is out
         self.container_id: str | None = None
         self.remote_hostname: str | None = None
 
@@ -523,6 +547,8 @@ class Connection:
     @property
     def user(self) -> str | None:
         """The authenticated user (SASL), 'anonymous' for ANONYMOUS."""
+        if self._sasl_user is not None:
+            return self._sasl_user
         if self._finalized:
             return None
         raw = lib.pn_transport_get_user(self._transport)
@@ -531,6 +557,11 @@ class Connection:
     @property
     def closed(self) -> bool:
         return self._reported
+
+    @property
+    def encrypted(self) -> bool:
+        """True once TLS is up on this connection."""
+        return not self._finalized and bool(lib.pn_transport_is_encrypted(self._transport))
 
     @property
     def remote_properties(self) -> dict[str, Any]:
@@ -617,6 +648,8 @@ class Connection:
         return name.encode()
 
     def _ensure_session(self) -> Any:
+        if self._reported or self._finalized:
+            raise ConnectionClosed(f"connection to {self.peer} is closed")
         if self._session is None:
             self._session = lib.pn_session(self._ptr)
             lib.pn_session_open(self._session)
@@ -668,6 +701,9 @@ class _Listener:
     sasl_config_name: str | None
     properties: dict[str, Any] | None = None
     offered_capabilities: tuple[str, ...] = ()
+    tls_domain: Any = None
+    authenticator: sasl.Authenticator | None = None
+    allow_anonymous: bool = False
 
 
 class Engine:
@@ -720,6 +756,9 @@ class Engine:
         sasl_config_name: str | None = None,
         properties: dict[str, Any] | None = None,
         offered_capabilities: tuple[str, ...] = (),
+        tls: Tls | None = None,
+        authenticator: sasl.Authenticator | None = None,
+        allow_anonymous: bool = False,
     ) -> int:
         """Listens for AMQP peers; returns the bound port (port=0 picks a free one).
 
@@ -732,7 +771,15 @@ class Engine:
         process must use the same path (the name may differ).
         properties / offered_capabilities go into our open frame (e.g. ("ANONYMOUS-RELAY",),
         which clients check before sending on a link without a target address).
+        tls: serve AMQP over TLS (amqps) with this certificate; a listener is either plain or TLS.
+        authenticator(user, password) -> bool: check SASL PLAIN passwords ourselves (no Cyrus;
+        see `sasl`), offering ANONYMOUS too only if allow_anonymous; sasl_* are then unused.
+        Not with tls (yet): our SASL layer sits below proton's TLS.
         """
+        if tls is not None and authenticator is not None:
+            # Our SASL layer reads the socket's bytes, which under TLS are ciphertext.
+            raise ValueError("authenticator and tls cannot be combined yet: use one or the other")
+        tls_domain = _server_tls_domain(tls) if tls is not None else None
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
@@ -749,6 +796,9 @@ class Engine:
             sasl_config_name=sasl_config_name,
             properties=properties,
             offered_capabilities=offered_capabilities,
+            tls_domain=tls_domain,
+            authenticator=authenticator,
+            allow_anonymous=allow_anonymous,
         )
         self._epoll.register(sock.fileno(), select.EPOLLIN)
         bound: int = sock.getsockname()[1]
@@ -759,8 +809,14 @@ class Engine:
         for fd, listener in list(self._listeners.items()):
             if listener.sock.getsockname()[1] == port:
                 self._epoll.unregister(fd)
-                listener.sock.close()
+                self._close_listener(listener)
                 del self._listeners[fd]
+
+    def _close_listener(self, listener: _Listener) -> None:
+        listener.sock.close()
+        if listener.tls_domain is not None:
+            lib.pn_ssl_domain_free(listener.tls_domain)  # transports keep their own reference
+            listener.tls_domain = None
 
     def connect(
         self,
@@ -777,6 +833,7 @@ class Engine:
         properties: dict[str, Any] | None = None,
         offered_capabilities: tuple[str, ...] = (),
         desired_capabilities: tuple[str, ...] = (),
+        tls: Tls | None = None,
     ) -> Connection:
         """Dials a peer and opens an AMQP connection (SASL ANONYMOUS, or PLAIN with user/password).
 
@@ -794,6 +851,8 @@ class Engine:
             lib.pn_transport_set_max_frame(t, max_frame_size)
         if idle_timeout:
             lib.pn_transport_set_idle_timeout(t, int(idle_timeout * 1000))
+        if tls is not None:
+            _client_tls(t, tls, hostname or host)
         sasl = lib.pn_sasl(t)
         if user is not None:
             lib.pn_connection_set_user(c, user.encode())
@@ -890,6 +949,30 @@ class Engine:
         with contextlib.suppress(OSError):
             os.eventfd_write(self._wake_fd, 1)
 
+    def shutdown(self, *, error: Condition | None = None, timeout: float = 2.0) -> None:
+        """Closes every connection politely (close frames, with `error` if given), waits up to
+        `timeout` for the peers' answers, then stops the loop. From any thread but the engine's;
+        returns once the loop is told to stop (join the thread to wait for it)."""
+        gone = threading.Event()
+
+        def wait_gone() -> None:
+            if self._conns:
+                self.call_later(0.01, wait_gone)
+            else:
+                gone.set()
+
+        def close_all() -> None:
+            for listener in list(self._listeners.values()):
+                self.stop_listening(listener.sock.getsockname()[1])
+            for conn in list(self._conns.values()):
+                conn.close(error)
+            wait_gone()
+
+        if self._running and not self._stopping:
+            self.call_soon_threadsafe(close_all)
+            gone.wait(timeout)
+        self.stop()
+
     @property
     def connections(self) -> list[Connection]:
         return list(self._conns.values())
@@ -969,13 +1052,21 @@ class Engine:
             conn._open_timer = self.call_later(
                 2 * listener.idle_timeout, lambda: self._open_expired(conn)
             )
-        sasl = lib.pn_sasl(t)
-        if listener.sasl_config_path:
-            lib.pn_sasl_config_path(sasl, listener.sasl_config_path.encode())
-        if listener.sasl_config_name:
-            lib.pn_sasl_config_name(sasl, listener.sasl_config_name.encode())
-        lib.pn_sasl_allowed_mechs(sasl, listener.sasl_mechanisms.encode())
-        lib.pn_sasl_set_allow_insecure_mechs(sasl, True)
+        if listener.tls_domain is not None:
+            cproton.pn_ssl_init(lib.pn_ssl(t), listener.tls_domain, None)
+        if listener.authenticator is not None:
+            # Our own SASL layer runs first (see sasl.py); proton then sees plain AMQP.
+            conn._sasl = sasl.SaslServer(
+                listener.authenticator, allow_anonymous=listener.allow_anonymous
+            )
+        else:
+            pn_sasl = lib.pn_sasl(t)
+            if listener.sasl_config_path:
+                lib.pn_sasl_config_path(pn_sasl, listener.sasl_config_path.encode())
+            if listener.sasl_config_name:
+                lib.pn_sasl_config_name(pn_sasl, listener.sasl_config_name.encode())
+            lib.pn_sasl_allowed_mechs(pn_sasl, listener.sasl_mechanisms.encode())
+            lib.pn_sasl_set_allow_insecure_mechs(pn_sasl, True)
         lib.pn_connection_set_container(conn._ptr, self.container_id.encode())
         _write_open_fields(
             conn._ptr,
@@ -1051,12 +1142,32 @@ class Engine:
         except OSError as err:
             conn._io_error = Condition("proton:io", f"connection to {conn.peer} lost: {err}")
             got = 0
-        if got:
+        if got and conn._sasl is not None:
+            self._sasl_step(conn, bytes(self._inview[:got]))
+        elif got:
             lib.pn_transport_push(t, self._inbuf, got)
         else:
             lib.pn_transport_close_tail(t)
         self._process_events()
         self._dirty.add(conn)
+
+    def _sasl_step(self, conn: Connection, data: bytes) -> None:
+        exchange = conn._sasl
+        assert exchange is not None
+        step = exchange.feed(data)
+        conn._pre_output += step.reply
+        if not step.done:
+            return
+        conn._sasl = None
+        if step.error is not None:
+            log.info("authentication refused", peer=conn.peer, reason=step.error)
+            conn._io_error = Condition("amqp:unauthorized-access", step.error)
+            conn._refused = True
+            return
+        conn._sasl_user = step.user
+        if step.rest:
+            rest = ffi.from_buffer(step.rest)
+            lib.pn_transport_push(conn._transport, rest, len(step.rest))
 
     def _flush_dirty(self) -> None:
         dirty = self._dirty
@@ -1066,6 +1177,27 @@ class Engine:
                 self._flush(conn)
             except Exception:
                 self._broken(conn)
+
+    def _flush_pre_output(self, conn: Connection, sock: socket.socket) -> bool:
+        """Sends our SASL bytes; True when proton's output may follow."""
+        try:
+            sent = sock.send(conn._pre_output)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            conn._pre_output = b""
+            conn._abort()
+            return False
+        conn._pre_output = conn._pre_output[sent:]
+        if conn._pre_output:
+            if not conn._want_write:
+                conn._want_write = True
+                self._epoll.modify(conn._fd, select.EPOLLIN | select.EPOLLOUT)
+            return False
+        if conn._refused:
+            conn._abort()  # the outcome is out; the connection ends with _io_error
+            return False
+        return True
 
     def _broken(self, conn: Connection) -> None:
         """An engine bug surfaced on one connection: drop that one, keep serving the rest."""
@@ -1080,6 +1212,8 @@ class Engine:
         sock = conn._sock
         assert sock is not None
         want_write = False
+        if (conn._pre_output or conn._refused) and not self._flush_pre_output(conn, sock):
+            return
         while True:
             pending = lib.pn_transport_pending(t)
             if pending <= 0:
@@ -1155,8 +1289,8 @@ class Engine:
         """A complete delivery: one recv into the reused buffer, one bytes copy, hand it over."""
         lptr = link._ptr
         size = _pn_delivery_pending(dptr)
-        if link._partial is not None or size > _MSG_BUFFER:
-            payload = self._recv_rest(link, dptr, size)
+        if size > _MSG_BUFFER:
+            payload = self._recv_large(link, dptr, size)
             if payload is None:
                 return
         else:
@@ -1172,40 +1306,34 @@ class Engine:
         _pn_link_advance(lptr)
         if _pn_delivery_settled(dptr):
             _pn_delivery_settle(dptr)
-            delivery = Delivery(link, None, payload, pre_settled=True)
+            delivery = Delivery(link, None, payload, True)
         else:
-            delivery = Delivery(link, dptr, payload, pre_settled=False)
+            delivery = Delivery(link, dptr, payload, False)
         link._handler.on_message(link, delivery)
 
     def _on_partial(self, link: Link, dptr: Any) -> None:
-        """Part of a large delivery: drain it now (proton's buffers stay small) and check size."""
+        """Part of a large delivery: proton keeps its bytes until the last frame (one copy out,
+        then); we only check the size so far, so an oversized message is refused early."""
         if _pn_delivery_aborted(dptr):
             self._drop_aborted(link, dptr)
             return
-        acc = link._partial if link._partial is not None else bytearray()
-        link._partial = acc
-        acc += self._recv(link._ptr, _pn_delivery_pending(dptr))
         limit = link._max_message_size
-        if limit and len(acc) > limit:
-            self._refuse_size(link, len(acc))
+        if limit:
+            size = _pn_delivery_pending(dptr)
+            if size > limit:
+                self._refuse_size(link, size)
 
-    def _recv_rest(self, link: Link, dptr: Any, size: int) -> bytes | None:
+    def _recv_large(self, link: Link, dptr: Any, size: int) -> bytes | None:
         if _pn_delivery_aborted(dptr):
             self._drop_aborted(link, dptr)
             return None
-        acc = link._partial if link._partial is not None else bytearray()
-        link._partial = None
-        acc += self._recv(link._ptr, size)
         limit = link._max_message_size
-        if limit and len(acc) > limit:
-            self._refuse_size(link, len(acc))
+        if limit and size > limit:
+            self._refuse_size(link, size)
             return None
-        return bytes(acc)
-
-    def _recv(self, lptr: Any, size: int) -> bytes:
         chunks = []
         while size > 0:
-            got = _pn_link_recv(lptr, self._msgbuf, min(size, _MSG_BUFFER))
+            got = _pn_link_recv(link._ptr, self._msgbuf, min(size, _MSG_BUFFER))
             if got <= 0:
                 break
             chunks.append(_unpack(self._msgbuf, got))
@@ -1213,13 +1341,11 @@ class Engine:
         return b"".join(chunks)
 
     def _drop_aborted(self, link: Link, dptr: Any) -> None:
-        link._partial = None
         _pn_delivery_settle(dptr)
         _pn_link_advance(link._ptr)
 
     def _refuse_size(self, link: Link, size: int) -> None:
         limit = link._max_message_size
-        link._partial = None
         link.close(
             Condition(
                 "amqp:link:message-size-exceeded",
@@ -1402,7 +1528,7 @@ class Engine:
             conn._reported = True  # the process is going away: no callbacks on the way out
             self._finalize(conn)
         for listener in self._listeners.values():
-            listener.sock.close()
+            self._close_listener(listener)
         self._listeners.clear()
         self._process_events()
         self._epoll.close()
@@ -1463,6 +1589,38 @@ def _read_data(ptr: Any) -> Any:
     if data.next() is None:
         return None
     return data.get_object()
+
+
+def _server_tls_domain(tls: Tls) -> Any:
+    if not (tls.cert_file and tls.key_file):
+        raise ValueError("a TLS listener needs cert_file and key_file")
+    domain = lib.pn_ssl_domain(lib.PN_SSL_MODE_SERVER)
+    if cproton.pn_ssl_domain_set_credentials(domain, tls.cert_file, tls.key_file, tls.password):
+        lib.pn_ssl_domain_free(domain)
+        raise ValueError(f"cannot load TLS certificate {tls.cert_file} / key {tls.key_file}")
+    if tls.ca_file:
+        cproton.pn_ssl_domain_set_trusted_ca_db(domain, tls.ca_file)
+        cproton.pn_ssl_domain_set_peer_authentication(domain, lib.PN_SSL_VERIFY_PEER, tls.ca_file)
+    return domain
+
+
+def _client_tls(transport: Any, tls: Tls, hostname: str) -> None:
+    domain = lib.pn_ssl_domain(lib.PN_SSL_MODE_CLIENT)
+    try:
+        if tls.cert_file and tls.key_file:
+            cproton.pn_ssl_domain_set_credentials(domain, tls.cert_file, tls.key_file, tls.password)
+        if tls.ca_file:
+            if cproton.pn_ssl_domain_set_trusted_ca_db(domain, tls.ca_file):
+                raise ValueError(f"cannot load CA file {tls.ca_file}")
+            mode = lib.PN_SSL_VERIFY_PEER_NAME if tls.verify_hostname else lib.PN_SSL_VERIFY_PEER
+            cproton.pn_ssl_domain_set_peer_authentication(domain, mode, None)
+        else:
+            cproton.pn_ssl_domain_set_peer_authentication(domain, lib.PN_SSL_ANONYMOUS_PEER, None)
+        ssl = lib.pn_ssl(transport)
+        cproton.pn_ssl_init(ssl, domain, None)
+        cproton.pn_ssl_set_peer_hostname(ssl, hostname)
+    finally:
+        lib.pn_ssl_domain_free(domain)  # the transport holds its own reference
 
 
 def _symbols(found: Any) -> tuple[str, ...]:

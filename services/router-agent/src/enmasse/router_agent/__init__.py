@@ -1,0 +1,1 @@
+"""enmasse.router_agent: address config and placements in, router configurations out (DESIGN §3)."""

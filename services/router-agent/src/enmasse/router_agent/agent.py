@@ -1,0 +1,356 @@
+"""The router-agent's loop: follow the store, push to routers, report phases.
+
+What flows in: Address and AddressSpace changes through the informer (spec and the
+storage-controller's placement), the router and broker directories, and the routers' answers.
+What flows out: a RouterConfig pushed to every router of every space (same generation, peers =
+the others), Address status phase (Active / Configuring with why) and AddressSpace status
+(phase, amqp endpoints of its routers) written through the config service.
+
+How it is built: one reconcile pass per wake-up (a store change, a directory change, or a tick
+that probes the routers). A pass is a pure computation (`routing`) followed by three idempotent
+effects: push where a router is behind, probe where it is not (to notice restarts), and write a
+status only where it differs from what the store holds, with compare-and-swap on the
+resource_version it read, so a concurrent write by the storage-controller (placement) is never
+overwritten: the write is refused (ABORTED), the informer brings the new version, and the next
+pass writes again on top of it.
+
+Every call has a deadline; a router that does not answer delays only its own addresses' phases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import grpc
+import structlog
+from enmasse.common.informer import Informer
+from enmasse.common.validation import object_of
+from enmasse.router_agent.directory import BrokerDirectory, RouterDirectory
+from enmasse.router_agent.push import RouterSession
+from enmasse.router_agent.routing import (
+    FAILED,
+    PENDING,
+    Readiness,
+    SpaceRouting,
+    address_routes,
+    placements_of,
+    readiness,
+    space_readiness,
+)
+from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2, router_pb2
+
+log = structlog.get_logger(__name__)
+
+STATUS_DEADLINE = 10.0
+STATUS_WRITES_IN_FLIGHT = 32
+COUNTERS = (
+    "deliveries_in",
+    "deliveries_out",
+    "accepted",
+    "rejected",
+    "released",
+    "modified",
+    "dropped",
+    "consumers",
+    "producers",
+)
+
+
+class RouterAgent:
+    def __init__(
+        self,
+        *,
+        config_target: str | Callable[[], str],
+        routers: RouterDirectory,
+        brokers: BrokerDirectory,
+        tick: float = 0.5,
+        probe_every: float = 1.0,
+    ) -> None:
+        self._config_target = config_target
+        self.routers = routers
+        self.brokers = brokers
+        self.tick = tick
+        self.probe_every = probe_every
+        self.informer = Informer(
+            target=config_target,
+            kinds=["Address", "AddressSpace"],
+            on_added=self._changed,
+            on_modified=self._changed,
+            on_deleted=self._changed,
+        )
+        self.spaces: dict[str, SpaceRouting] = {}
+        self.sessions: dict[str, dict[str, RouterSession]] = {}
+        self.passes = 0
+        self._wake = asyncio.Event()
+        self._last_probe = 0.0
+        self._task: asyncio.Task[None] | None = None
+        self._status_slots = asyncio.Semaphore(STATUS_WRITES_IN_FLIGHT)
+        self._channel: grpc.aio.Channel | None = None
+        self._channel_target = ""
+
+    # ------------------------------------------------------------ running
+
+    def _changed(self, _resource: resources_pb2.Resource) -> None:
+        self._wake.set()
+
+    def start(self) -> None:
+        self.informer.start()
+        self._task = asyncio.get_running_loop().create_task(self.run(), name="router-agent")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.informer.stop()
+        for sessions in self.sessions.values():
+            for session in sessions.values():
+                await session.close()
+        self.sessions.clear()
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    async def run(self) -> None:
+        await self.informer.synced.wait()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.tick)
+            self._wake.clear()
+            try:
+                await self.reconcile()
+            except Exception:
+                # One bad pass (a bug, a store hiccup) must not end the agent: next tick retries.
+                log.exception("reconcile pass failed")
+
+    # ------------------------------------------------------------ one pass
+
+    async def reconcile(self) -> None:
+        self.passes += 1
+        self.routers.refresh()
+        self.brokers.refresh()
+        target = self._config_target() if callable(self._config_target) else self._config_target
+        probe = time.monotonic() - self._last_probe >= self.probe_every
+        if probe:
+            self._last_probe = time.monotonic()
+        spaces = [object_of(r) for r in self.informer.list("AddressSpace")]
+        live = {s.metadata.name for s in spaces}
+        for gone in [name for name in self.spaces if name not in live]:
+            await self._forget(gone)
+        stub = await self._config_stub(target)
+        await asyncio.gather(*(self._space_pass(stub, space, probe=probe) for space in spaces))
+
+    async def _config_stub(self, target: str) -> config_pb2_grpc.ConfigServiceStub:
+        """One channel to the config service, kept across passes (a new one if it moved)."""
+        if self._channel is None or self._channel_target != target:
+            if self._channel is not None:
+                await self._channel.close()
+            self._channel = grpc.aio.insecure_channel(target)
+            self._channel_target = target
+        return config_pb2_grpc.ConfigServiceStub(self._channel)
+
+    async def _space_pass(
+        self,
+        stub: config_pb2_grpc.ConfigServiceStub,
+        space: resources_pb2.AddressSpace,
+        *,
+        probe: bool,
+    ) -> None:
+        name = space.metadata.name
+        addresses = [object_of(r) for r in self.informer.list("Address", space=name)]
+        routers = self.routers.routers(name)
+        routing = self.spaces.setdefault(name, SpaceRouting(space=name))
+        routes, held_back = address_routes(
+            addresses=addresses,
+            placements=placements_of(addresses),
+            brokers=self.brokers.brokers(name),
+        )
+        sessions = await self._sessions(name, routers)
+        ahead = max((s.ahead for s in sessions.values()), default=0)
+        routing.update(routes=routes, held_back=held_back, routers=routers, floor=ahead)
+        await self._converge(routing, sessions, probe=probe)
+        applied = {router_id: s.applied for router_id, s in sessions.items()}
+        phases = readiness(
+            addresses=addresses,
+            held_back=routing.held_back,
+            since=routing.since,
+            applied=applied,
+            routers=routing.routers,
+        )
+        await self._write_address_statuses(stub, addresses, phases)
+        await self._write_space_status(stub, space, routing, applied)
+
+    async def _sessions(self, space: str, routers: Iterable[Any]) -> dict[str, RouterSession]:
+        sessions = self.sessions.setdefault(space, {})
+        wanted = {r.router_id: r for r in routers}
+        for router_id, session in list(sessions.items()):
+            if wanted.get(router_id) != session.endpoint:
+                await session.close()
+                del sessions[router_id]
+        for router_id, endpoint in wanted.items():
+            if router_id not in sessions:
+                sessions[router_id] = RouterSession(space=space, endpoint=endpoint)
+        return sessions
+
+    async def _converge(
+        self, routing: SpaceRouting, sessions: dict[str, RouterSession], *, probe: bool
+    ) -> None:
+        work: list[Awaitable[Any]] = []
+        for router_id, session in sessions.items():
+            if session.applied != routing.generation:
+                work.append(session.push(routing.config(router_id)))
+            elif probe:
+                work.append(self._probe_then_push(session, routing))
+        await asyncio.gather(*work)
+
+    async def _probe_then_push(self, session: RouterSession, routing: SpaceRouting) -> None:
+        running = await session.probe()
+        if running is not None and running != routing.generation:
+            await session.push(routing.config(session.endpoint.router_id))
+
+    async def _forget(self, space: str) -> None:
+        for session in self.sessions.pop(space, {}).values():
+            await session.close()
+        self.spaces.pop(space, None)
+
+    # ------------------------------------------------------------ status
+
+    async def _write_address_statuses(
+        self,
+        stub: config_pb2_grpc.ConfigServiceStub,
+        addresses: list[resources_pb2.Address],
+        phases: dict[str, Readiness],
+    ) -> None:
+        writes = []
+        for address in addresses:
+            wanted = phases.get(address.metadata.name)
+            if wanted is None or _keeps_controller_verdict(address, wanted):
+                continue
+            status = _address_status(address, wanted)
+            if status != address.status:
+                writes.append(self._write_address(stub, address, status))
+        await asyncio.gather(*writes)
+
+    async def _write_address(
+        self,
+        stub: config_pb2_grpc.ConfigServiceStub,
+        address: resources_pb2.Address,
+        status: resources_pb2.AddressStatus,
+    ) -> None:
+        request = config_pb2.UpdateAddressStatusRequest(
+            ref=config_pb2.ObjectRef(space=address.metadata.space, name=address.metadata.name),
+            status=status,
+            resource_version=address.metadata.resource_version,
+        )
+        async with self._status_slots:
+            await _tolerant(
+                stub.UpdateAddressStatus(request, timeout=STATUS_DEADLINE),
+                what="address status",
+                name=address.metadata.name,
+            )
+
+    async def _write_space_status(
+        self,
+        stub: config_pb2_grpc.ConfigServiceStub,
+        space: resources_pb2.AddressSpace,
+        routing: SpaceRouting,
+        applied: dict[str, int],
+    ) -> None:
+        verdict = space_readiness(
+            generation=routing.generation, applied=applied, routers=routing.routers
+        )
+        status = resources_pb2.AddressSpaceStatus()
+        status.CopyFrom(space.status)
+        status.status.phase = verdict.phase
+        status.status.messages[:] = [verdict.message] if verdict.message else []
+        status.status.observed_generation = space.metadata.generation
+        del status.endpoints[:]
+        status.endpoints.extend(
+            resources_pb2.Endpoint(name="amqp", host=r.host, port=r.amqp_port)
+            for r in routing.routers
+        )
+        if status == space.status:
+            return
+        request = config_pb2.UpdateAddressSpaceStatusRequest(
+            ref=config_pb2.ObjectRef(name=space.metadata.name),
+            status=status,
+            resource_version=space.metadata.resource_version,
+        )
+        await _tolerant(
+            stub.UpdateAddressSpaceStatus(request, timeout=STATUS_DEADLINE),
+            what="address space status",
+            name=space.metadata.name,
+        )
+
+    # ------------------------------------------------------------ what the servicer shows
+
+    def topology(self, space: str = "") -> list[tuple[SpaceRouting, list[RouterSession]]]:
+        return [
+            (routing, list(self.sessions.get(name, {}).values()))
+            for name, routing in sorted(self.spaces.items())
+            if not space or name == space
+        ]
+
+    async def address_stats(
+        self, *, space: str, address: str
+    ) -> tuple[list[router_pb2.AddressStats], list[str], list[str]]:
+        """(stats summed over the routers that answered, who answered, who did not)."""
+        sessions = list(self.sessions.get(space, {}).values())
+        answers = await asyncio.gather(*(s.stats(address) for s in sessions))
+        totals: dict[str, router_pb2.AddressStats] = {}
+        answered, silent = [], []
+        for session, stats in zip(sessions, answers, strict=True):
+            if stats is None:
+                silent.append(session.endpoint.router_id)
+                continue
+            answered.append(session.endpoint.router_id)
+            for entry in stats.addresses:
+                _add_into(totals, entry)
+        return [totals[a] for a in sorted(totals)], sorted(answered), sorted(silent)
+
+
+def _add_into(totals: dict[str, router_pb2.AddressStats], entry: router_pb2.AddressStats) -> None:
+    total = totals.setdefault(
+        entry.address, router_pb2.AddressStats(address=entry.address, type=entry.type)
+    )
+    for counter in COUNTERS:
+        setattr(total, counter, getattr(total, counter) + getattr(entry, counter))
+    # every router sees the same mesh: the number of routers with consumers is not a sum
+    total.remote_routers = max(total.remote_routers, entry.remote_routers)
+
+
+def _keeps_controller_verdict(address: resources_pb2.Address, wanted: Readiness) -> bool:
+    """A stored address the storage-controller could not place (quota exceeded, bad plan) keeps
+    the storage-controller's Pending/Failed and its reason: it knows why; the agent only waits."""
+    current = address.status.status
+    return (
+        wanted.phase != "Active"
+        and not address.status.brokers
+        and current.phase in (PENDING, FAILED)
+        and bool(current.messages)
+    )
+
+
+def _address_status(
+    address: resources_pb2.Address, wanted: Readiness
+) -> resources_pb2.AddressStatus:
+    status = resources_pb2.AddressStatus()
+    status.CopyFrom(address.status)  # placement (brokers) is the storage-controller's: kept as is
+    status.status.phase = wanted.phase
+    status.status.messages[:] = [wanted.message] if wanted.message else []
+    status.status.observed_generation = address.metadata.generation
+    return status
+
+
+async def _tolerant(call: Awaitable[Any], *, what: str, name: str) -> None:
+    try:
+        await call
+    except grpc.aio.AioRpcError as error:
+        # ABORTED: somebody wrote in between; NOT_FOUND: deleted meanwhile. The informer brings
+        # the news and the next pass writes on top of it.
+        if error.code() not in (grpc.StatusCode.ABORTED, grpc.StatusCode.NOT_FOUND):
+            log.warning("status write failed", what=what, name=name, code=error.code().name)

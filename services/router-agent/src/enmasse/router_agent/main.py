@@ -1,0 +1,97 @@
+"""`enmasse-router-agent`: wiring and start-up of the router-agent, nothing else.
+
+Reads the flags, builds the router and broker directories over the runtime's endpoint files
+(`<var>/run/routers.json`, `<var>/run/brokers.json` unless named otherwise), starts the agent loop
+against the config service and serves RouterAgent (with health and reflection). The bound port goes
+to the log, to stdout as `listening on <host>:<port>` and, with --port-file, into that file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import structlog
+from enmasse.common.logging import configure_logging
+from enmasse.common.serving import start_server
+from enmasse.router_agent.agent import RouterAgent
+from enmasse.router_agent.directory import FileBrokerDirectory, FileRouterDirectory
+from enmasse.router_agent.servicer import SERVICE_NAME, RouterAgentServicer
+from enmasse.v1 import router_agent_pb2_grpc
+
+log = structlog.get_logger("enmasse.router_agent")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="enmasse-router-agent",
+        description="Computes each router's configuration and pushes it with a generation",
+    )
+    parser.add_argument("--listen", default="127.0.0.1:0", help="host:port to serve on")
+    parser.add_argument("--config", required=True, help="host:port of the config service")
+    parser.add_argument(
+        "--var",
+        default=os.environ.get("ENMASSE_VAR", "var"),
+        help="the runtime's var dir (endpoint files under <var>/run/)",
+    )
+    parser.add_argument("--routers-file", default=None, help="default: <var>/run/routers.json")
+    parser.add_argument("--brokers-file", default=None, help="default: <var>/run/brokers.json")
+    parser.add_argument("--port-file", default=None, help="write the bound port to this file")
+    parser.add_argument("--tick", type=float, default=0.5, help="seconds between passes")
+    return parser.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    run = Path(args.var) / "run"
+    agent = RouterAgent(
+        config_target=args.config,
+        routers=FileRouterDirectory(Path(args.routers_file or run / "routers.json")),
+        brokers=FileBrokerDirectory(Path(args.brokers_file or run / "brokers.json")),
+        tick=args.tick,
+    )
+    host, _, port = args.listen.rpartition(":")
+    running = await start_server(
+        registrations=[
+            (
+                router_agent_pb2_grpc.add_RouterAgentServicer_to_server,
+                RouterAgentServicer(agent),
+                SERVICE_NAME,
+            )
+        ],
+        host=host or "127.0.0.1",
+        port=int(port or 0),
+    )
+    agent.start()
+    log.info("serving", port=running.port, config=args.config)
+    sys.stdout.write(f"listening on {host or '127.0.0.1'}:{running.port}\n")
+    sys.stdout.flush()
+    if args.port_file:
+        _write_port_file(args.port_file, running.port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    log.info("stopping")
+    await running.stop(grace=1.0)
+    await agent.stop()
+
+
+def _write_port_file(path: str, port: int) -> None:
+    partial = f"{path}.partial"
+    with open(partial, "w") as file:
+        file.write(f"{port}\n")
+    os.replace(partial, path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    configure_logging(service="router-agent")
+    asyncio.run(serve(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

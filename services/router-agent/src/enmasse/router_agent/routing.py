@@ -1,0 +1,295 @@
+"""From declared addresses to what each router of a space must run, and back to address phases.
+
+In: the Address resources of one space (spec and the storage-controller's placement in status),
+the routers of the space (from the router directory) and the brokers' endpoints (from the broker
+directory). Out: one `RouterConfig` per router (same routes, same generation; peers = the other
+routers), and for each address the phase it has reached given what each router applied.
+
+Rules:
+- anycast and multicast are direct: the routers distribute them, no broker involved;
+- queue, topic and subscription are waypoint addresses: the router sends to and reads from the
+  broker(s) of their placement, each with its state (Active takes new messages, Draining only hands
+  out what it still holds). Without a placement, or while no placed broker has a known endpoint,
+  the address stays out of the configuration (a router refuses a waypoint address with no broker)
+  and its phase says why;
+- a subscription reads a topic: the router wants the topic's AMQP address, the spec names the
+  topic's resource, so it is translated here;
+- an address is Active only when every router of its space runs a generation that includes its
+  current route. `SpaceRouting` remembers, per address, the generation in which its route last
+  changed, so a router that applied an older generation holds an address back, and one that
+  applied a newer generation counts.
+
+Everything here is pure (plain values in, plain values out): the agent's loop and its tests share
+it without a network.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from enmasse.v1 import resources_pb2, router_pb2
+
+DIRECT_TYPES = frozenset({"anycast", "multicast"})
+STORED_TYPES = frozenset({"queue", "topic", "subscription"})
+
+ACTIVE = "Active"
+CONFIGURING = "Configuring"
+PENDING = "Pending"
+TERMINATING = "Terminating"
+FAILED = "Failed"
+
+
+@dataclass(frozen=True)
+class RouterEndpoint:
+    """One router process of a space, as the runtime publishes it."""
+
+    router_id: str
+    host: str
+    admin_port: int
+    amqp_port: int
+    inter_router_port: int
+
+    @property
+    def admin(self) -> str:
+        return f"{self.host}:{self.admin_port}"
+
+    @property
+    def amqp(self) -> str:
+        return f"{self.host}:{self.amqp_port}"
+
+
+@dataclass(frozen=True)
+class BrokerEndpoint:
+    """One broker process of a space: its AMQP listener (for routers) and admin port."""
+
+    name: str
+    host: str
+    amqp_port: int
+    admin_port: int = 0
+
+    @property
+    def admin(self) -> str:
+        return f"{self.host}:{self.admin_port}"
+
+
+@dataclass(frozen=True)
+class Readiness:
+    phase: str
+    message: str = ""
+
+
+Placement = Sequence[tuple[str, str]]
+"""(broker id, state) pairs of one address, in the order the storage-controller wrote them."""
+
+
+def placements_of(addresses: Iterable[resources_pb2.Address]) -> dict[str, Placement]:
+    """The placement each address carries in its status, by resource name."""
+    return {
+        a.metadata.name: tuple((b.broker, b.state or ACTIVE) for b in a.status.brokers)
+        for a in addresses
+        if a.status.brokers
+    }
+
+
+def address_routes(
+    *,
+    addresses: Sequence[resources_pb2.Address],
+    placements: Mapping[str, Placement],
+    brokers: Mapping[str, BrokerEndpoint],
+) -> tuple[dict[str, router_pb2.AddressRoute], dict[str, str]]:
+    """(routes by resource name, why each address left out is left out)."""
+    topics = {a.metadata.name: a.spec.address for a in addresses if a.spec.type == "topic"}
+    routes: dict[str, router_pb2.AddressRoute] = {}
+    held_back: dict[str, str] = {}
+    for address in addresses:
+        name, spec = address.metadata.name, address.spec
+        if address.status.status.phase == TERMINATING:
+            continue
+        if spec.type in DIRECT_TYPES:
+            routes[name] = router_pb2.AddressRoute(address=spec.address, type=spec.type)
+            continue
+        if spec.type not in STORED_TYPES:
+            held_back[name] = f"unknown address type '{spec.type}'"
+            continue
+        waypoints, why = _waypoints(placements.get(name, ()), brokers)
+        if not waypoints:
+            held_back[name] = why
+            continue
+        route = router_pb2.AddressRoute(address=spec.address, type=spec.type, brokers=waypoints)
+        if spec.type == "subscription":
+            route.topic = topics.get(spec.topic, spec.topic)
+        routes[name] = route
+    return routes, held_back
+
+
+def _waypoints(
+    placement: Placement, brokers: Mapping[str, BrokerEndpoint]
+) -> tuple[list[router_pb2.BrokerWaypoint], str]:
+    if not placement:
+        return [], "waiting for a broker placement"
+    waypoints = []
+    unknown = []
+    for broker, state in placement:
+        endpoint = brokers.get(broker)
+        if endpoint is None:
+            unknown.append(broker)
+            continue
+        waypoints.append(
+            router_pb2.BrokerWaypoint(
+                name=broker, host=endpoint.host, port=endpoint.amqp_port, state=state
+            )
+        )
+    if unknown and not waypoints:
+        return [], f"waiting for broker {', '.join(unknown)} to run"
+    return waypoints, ""
+
+
+def router_config(
+    *,
+    space: str,
+    router_id: str,
+    addresses: Sequence[resources_pb2.Address],
+    placements: Mapping[str, Placement],
+    routers: Sequence[RouterEndpoint],
+    brokers: Mapping[str, BrokerEndpoint],
+    generation: int,
+) -> router_pb2.RouterConfig:
+    """The full configuration of router `router_id` of `space` at `generation`."""
+    routes, _ = address_routes(addresses=addresses, placements=placements, brokers=brokers)
+    return config_for(
+        space=space, router_id=router_id, routes=routes, routers=routers, generation=generation
+    )
+
+
+def config_for(
+    *,
+    space: str,
+    router_id: str,
+    routes: Mapping[str, router_pb2.AddressRoute],
+    routers: Sequence[RouterEndpoint],
+    generation: int,
+) -> router_pb2.RouterConfig:
+    return router_pb2.RouterConfig(
+        generation=generation,
+        space=space,
+        addresses=[routes[name] for name in sorted(routes)],
+        peers=mesh_peers(router_id=router_id, routers=routers),
+    )
+
+
+def mesh_peers(*, router_id: str, routers: Sequence[RouterEndpoint]) -> list[router_pb2.MeshPeer]:
+    return [
+        router_pb2.MeshPeer(router_id=r.router_id, host=r.host, port=r.inter_router_port, cost=1)
+        for r in sorted(routers, key=lambda r: r.router_id)
+        if r.router_id != router_id
+    ]
+
+
+def readiness(
+    *,
+    addresses: Sequence[resources_pb2.Address],
+    held_back: Mapping[str, str],
+    since: Mapping[str, int],
+    applied: Mapping[str, int],
+    routers: Sequence[RouterEndpoint],
+) -> dict[str, Readiness]:
+    """The phase of every address of a space.
+
+    `since`: address -> the generation in which its current route first appeared; `applied`:
+    router id -> the generation that router answered it runs (missing: never applied)."""
+    found: dict[str, Readiness] = {}
+    for address in addresses:
+        name = address.metadata.name
+        if address.status.status.phase == TERMINATING:
+            continue
+        if name in held_back:
+            found[name] = Readiness(CONFIGURING, held_back[name])
+        elif not routers:
+            found[name] = Readiness(CONFIGURING, "no router of the space is running")
+        else:
+            behind = sorted(
+                r.router_id for r in routers if applied.get(r.router_id, 0) < since.get(name, 1)
+            )
+            found[name] = (
+                Readiness(CONFIGURING, f"waiting for router {', '.join(behind)}")
+                if behind
+                else Readiness(ACTIVE)
+            )
+    return found
+
+
+def space_readiness(
+    *, generation: int, applied: Mapping[str, int], routers: Sequence[RouterEndpoint]
+) -> Readiness:
+    if not routers:
+        return Readiness(PENDING, "no router of the space is running")
+    behind = sorted(r.router_id for r in routers if applied.get(r.router_id, 0) < generation)
+    if behind:
+        return Readiness(CONFIGURING, f"waiting for router {', '.join(behind)}")
+    return Readiness(ACTIVE)
+
+
+def next_generation(previous: int, *, now_ms: int | None = None) -> int:
+    """Increasing, and above anything an earlier agent process pushed: wall-clock milliseconds,
+    so a restarted agent never offers a router a generation older than the one it runs."""
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    return max(previous + 1, now)
+
+
+@dataclass
+class SpaceRouting:
+    """The desired routing of one space and its history: generation, routes, router set.
+
+    `update` takes freshly computed routes and routers; it bumps the generation only when
+    something a router would see changed, and remembers per address the generation in which its
+    route changed last (for `readiness`)."""
+
+    space: str
+    generation: int = 0
+    routes: dict[str, router_pb2.AddressRoute] = field(default_factory=dict)
+    held_back: dict[str, str] = field(default_factory=dict)
+    routers: tuple[RouterEndpoint, ...] = ()
+    since: dict[str, int] = field(default_factory=dict)
+
+    def update(
+        self,
+        *,
+        routes: Mapping[str, router_pb2.AddressRoute],
+        held_back: Mapping[str, str],
+        routers: Sequence[RouterEndpoint],
+        floor: int = 0,
+        now_ms: int | None = None,
+    ) -> bool:
+        """True when the generation moved (every router must get the new configuration)."""
+        self.held_back = dict(held_back)
+        ordered = tuple(sorted(routers, key=lambda r: r.router_id))
+        peers_changed = _mesh_of(ordered) != _mesh_of(self.routers)
+        changed = [name for name, route in routes.items() if self.routes.get(name) != route]
+        removed = [name for name in self.routes if name not in routes]
+        self.routers = ordered
+        # A router running a generation above ours (pushed by an earlier agent) forces a bump.
+        moved = changed or removed or peers_changed
+        if not (moved or floor > self.generation or not self.generation):
+            return False
+        self.generation = next_generation(max(self.generation, floor), now_ms=now_ms)
+        for name in changed:
+            self.since[name] = self.generation
+        for name in removed:
+            self.since.pop(name, None)
+        self.routes = dict(routes)
+        return True
+
+    def config(self, router_id: str) -> router_pb2.RouterConfig:
+        return config_for(
+            space=self.space,
+            router_id=router_id,
+            routes=self.routes,
+            routers=self.routers,
+            generation=self.generation,
+        )
+
+
+def _mesh_of(routers: Sequence[RouterEndpoint]) -> tuple[tuple[str, str, int], ...]:
+    return tuple((r.router_id, r.host, r.inter_router_port) for r in routers)

@@ -1,0 +1,174 @@
+"""`enmasse-router-agent` as a real process: SIGKILLed in the middle of a change, it converges.
+
+The agent runs as its console script against the config service and a router process. It is
+killed (SIGKILL) right after a burst of new addresses, more addresses are created and one deleted
+while it is down, and a new agent process then brings every router and every address to where
+the store says: every address Active, none stuck in Configuring, the deleted one gone from the
+router, and the router's generation moved forward (never refused as stale).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from enmasse.router_agent.directory import write_endpoints
+from enmasse.v1 import (
+    config_pb2,
+    config_pb2_grpc,
+    resources_pb2,
+    router_agent_pb2,
+    router_agent_pb2_grpc,
+    router_pb2,
+)
+
+from tests.fixtures.router import RouterFleet
+
+pytestmark = pytest.mark.timeout(120)
+CONSOLE_SCRIPT = Path(sys.executable).parent / "enmasse-router-agent"
+Ref = config_pb2.ObjectRef
+
+
+class AgentProcess:
+    def __init__(self, *, config: str, var: Path) -> None:
+        self.config = config
+        self.var = var
+        self.process: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    def start(self, *, limit: float = 20.0) -> None:
+        port_file = self.var / "router-agent.port"
+        port_file.unlink(missing_ok=True)
+        command = [
+            str(CONSOLE_SCRIPT),
+            f"--config={self.config}",
+            f"--var={self.var}",
+            f"--port-file={port_file}",
+            "--tick=0.2",
+        ]
+        with open(self.var / "router-agent.log", "ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + limit
+        while not port_file.exists():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"router-agent did not start; see {self.var}/router-agent.log")
+            time.sleep(0.05)
+        self.port = int(port_file.read_text())
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+
+@pytest.fixture
+def agent_process() -> Iterator[list[AgentProcess]]:
+    started: list[AgentProcess] = []
+    try:
+        yield started
+    finally:
+        for agent in started:
+            agent.kill()
+
+
+def anycast(name: str) -> resources_pb2.Address:
+    return resources_pb2.Address(
+        metadata=resources_pb2.Metadata(name=name, space="shop"),
+        spec=resources_pb2.AddressSpec(address=name, type="anycast", plan="standard-anycast"),
+    )
+
+
+async def phases(stub: config_pb2_grpc.ConfigServiceStub) -> dict[str, str]:
+    listed = await stub.ListAddresses(config_pb2.ListRequest(space="shop"))
+    return {a.metadata.name: a.status.status.phase for a in listed.items}
+
+
+async def all_active(stub: config_pb2_grpc.ConfigServiceStub, names: set[str]) -> dict[str, str]:
+    deadline = time.monotonic() + 30
+    while True:
+        seen = await phases(stub)
+        if set(seen) == names and all(p == "Active" for p in seen.values()):
+            return seen
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not all Active: {seen}")
+        await asyncio.sleep(0.1)
+
+
+async def test_a_killed_agent_converges_after_restart(
+    config_server: Any,
+    config_stub: config_pb2_grpc.ConfigServiceStub,
+    routers: RouterFleet,
+    agent_process: list[AgentProcess],
+    tmp_path: Path,
+) -> None:
+    router = routers.start("r0")
+    write_endpoints(
+        tmp_path / "run" / "routers.json",
+        {
+            "shop": [
+                {
+                    "router_id": "r0",
+                    "admin_port": router.admin_port,
+                    "amqp_port": router.amqp_port,
+                    "inter_router_port": router.inter_router_port,
+                }
+            ]
+        },
+    )
+    first = AgentProcess(config=config_server.target, var=tmp_path)
+    agent_process.append(first)
+    first.start()
+    await config_stub.CreateAddressSpace(
+        resources_pb2.AddressSpace(
+            metadata=resources_pb2.Metadata(name="shop"),
+            spec=resources_pb2.AddressSpaceSpec(type="standard", plan="standard-small"),
+        )
+    )
+    names = {f"a{i:02d}" for i in range(10)}
+    for name in sorted(names):
+        await config_stub.CreateAddress(anycast(name))
+    await all_active(config_stub, names)
+    before = router.stats().generation
+
+    burst = {f"b{i:02d}" for i in range(20)}
+    for name in sorted(burst):
+        await config_stub.CreateAddress(anycast(name))
+    first.kill()  # mid-change: some of the burst are pushed, some are not
+    late = {f"c{i:02d}" for i in range(5)}
+    for name in sorted(late):
+        await config_stub.CreateAddress(anycast(name))
+    await config_stub.DeleteAddress(config_pb2.DeleteRequest(ref=Ref(space="shop", name="a00")))
+    expected = (names | burst | late) - {"a00"}
+
+    second = AgentProcess(config=config_server.target, var=tmp_path)
+    agent_process.append(second)
+    second.start()
+    await all_active(config_stub, expected)
+    running = router.admin().GetConfig(router_pb2.GetConfigRequest(), timeout=5)
+    assert sorted(a.address for a in running.addresses) == sorted(expected)
+    assert running.generation > before
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{second.port}") as channel:
+        api = router_agent_pb2_grpc.RouterAgentStub(channel)
+        topology = await api.GetTopology(router_agent_pb2.TopologyRequest(), timeout=5)
+    (shop,) = topology.spaces
+    (state,) = shop.routers
+    assert (shop.space, shop.addresses) == ("shop", len(expected))
+    assert (state.router_id, state.applied_generation, state.reachable, state.error) == (
+        "r0",
+        running.generation,
+        True,
+        "",
+    )
+    assert second.process is not None
+    assert second.process.poll() is None  # still serving

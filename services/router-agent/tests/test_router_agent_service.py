@@ -1,0 +1,264 @@
+"""The router-agent against real parts: the config service over etcd, router processes in a mesh.
+
+A space with two routers: the agent pushes their configuration, addresses become Active only once
+both routers run it, a message crosses the mesh, a restarted router gets its configuration again,
+and the RouterAgent API reports the topology and the summed per-address counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from enmasse.common.amqp import codec
+from enmasse.common.amqp.client import Client
+from enmasse.common.serving import start_server
+from enmasse.router_agent.agent import RouterAgent
+from enmasse.router_agent.directory import (
+    FileBrokerDirectory,
+    FileRouterDirectory,
+    write_endpoints,
+)
+from enmasse.router_agent.servicer import SERVICE_NAME, RouterAgentServicer
+from enmasse.v1 import (
+    config_pb2,
+    config_pb2_grpc,
+    resources_pb2,
+    router_agent_pb2,
+    router_agent_pb2_grpc,
+    router_pb2,
+)
+
+from tests.fixtures.router import RouterFleet, RouterProcess
+
+pytestmark = pytest.mark.timeout(120)
+Ref = config_pb2.ObjectRef
+
+
+def router_entry(router: RouterProcess) -> dict[str, Any]:
+    return {
+        "router_id": router.router_id,
+        "host": "127.0.0.1",
+        "admin_port": router.admin_port,
+        "amqp_port": router.amqp_port,
+        "inter_router_port": router.inter_router_port,
+    }
+
+
+async def eventually(check: Callable[[], Any], *, what: str, limit: float = 20.0) -> Any:
+    """Polls an async check until it returns something truthy; fails naming `what`."""
+    deadline = time.monotonic() + limit
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = await check()
+        if last:
+            return last
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{what}: not reached in {limit} s (last: {last})")
+
+
+@pytest.fixture
+async def agent_setup(
+    config_server: Any,
+    config_stub: config_pb2_grpc.ConfigServiceStub,
+    routers: RouterFleet,
+    tmp_path: Path,
+) -> AsyncIterator[dict[str, Any]]:
+    for router_id in ("r0", "r1"):
+        routers.start(router_id)
+    routers_file = tmp_path / "run" / "routers.json"
+    brokers_file = tmp_path / "run" / "brokers.json"
+    write_endpoints(routers_file, {"shop": [router_entry(r) for r in routers.routers.values()]})
+    write_endpoints(brokers_file, {"shop": [{"name": "broker-0", "amqp_port": 5999}]})
+    agent = RouterAgent(
+        config_target=config_server.target,
+        routers=FileRouterDirectory(routers_file),
+        brokers=FileBrokerDirectory(brokers_file),
+        tick=0.1,
+        probe_every=0.3,
+    )
+    agent.start()
+    running = await start_server(
+        registrations=[
+            (
+                router_agent_pb2_grpc.add_RouterAgentServicer_to_server,
+                RouterAgentServicer(agent),
+                SERVICE_NAME,
+            )
+        ]
+    )
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{running.port}")
+    await config_stub.CreateAddressSpace(
+        resources_pb2.AddressSpace(
+            metadata=resources_pb2.Metadata(name="shop"),
+            spec=resources_pb2.AddressSpaceSpec(type="standard", plan="standard-small"),
+        )
+    )
+    try:
+        yield {
+            "agent": agent,
+            "api": router_agent_pb2_grpc.RouterAgentStub(channel),
+            "routers_file": routers_file,
+        }
+    finally:
+        await channel.close()
+        await running.stop(grace=0.2)
+        await agent.stop()
+
+
+def new_address(name: str, kind: str, plan: str) -> resources_pb2.Address:
+    return resources_pb2.Address(
+        metadata=resources_pb2.Metadata(name=name, space="shop"),
+        spec=resources_pb2.AddressSpec(address=name, type=kind, plan=plan),
+    )
+
+
+async def phase_of(stub: config_pb2_grpc.ConfigServiceStub, name: str) -> tuple[str, list[str]]:
+    got = await stub.GetAddress(Ref(space="shop", name=name))
+    return got.status.status.phase, list(got.status.status.messages)
+
+
+async def test_anycast_address_becomes_active_and_carries_a_message_across_the_mesh(
+    agent_setup: dict[str, Any],
+    config_stub: config_pb2_grpc.ConfigServiceStub,
+    routers: RouterFleet,
+) -> None:
+    await config_stub.CreateAddress(new_address("calls", "anycast", "standard-anycast"))
+
+    async def active() -> bool:
+        return (await phase_of(config_stub, "calls"))[0] == "Active"
+
+    await eventually(active, what="calls Active")
+    r0, r1 = routers.routers["r0"], routers.routers["r1"]
+    for router in (r0, r1):
+        running = router.admin().GetConfig(router_pb2.GetConfigRequest(), timeout=5)
+        assert [a.address for a in running.addresses] == ["calls"]
+        assert [p.router_id for p in running.peers] == [
+            o for o in ("r0", "r1") if o != router.router_id
+        ]
+    routers.wait_for_mesh()
+
+    consumer = Client("127.0.0.1", r1.amqp_port)
+    producer = Client("127.0.0.1", r0.amqp_port)
+    try:
+        receiver = consumer.receiver("calls")
+        sender = producer.sender("calls")
+        outcome = sender.send_async(codec.encode_message(body="hello over the mesh"))
+        delivery = await asyncio.to_thread(receiver.receive, 15)
+        assert codec.read_body(delivery.payload) == "hello over the mesh"
+        receiver.accept(delivery)
+        settled = await asyncio.to_thread(outcome.result, 15)
+        assert settled.outcome.name == "ACCEPTED"
+
+        stats = await agent_setup["api"].GetAddressStats(
+            router_agent_pb2.AddressStatsRequest(space="shop", address="calls"), timeout=5
+        )
+        (calls,) = stats.addresses
+        assert (calls.address, calls.consumers, calls.producers) == ("calls", 1, 1)
+        assert calls.accepted >= 1
+        assert list(stats.routers) == ["r0", "r1"]
+        assert list(stats.unreachable) == []
+    finally:
+        producer.close()
+        consumer.close()
+
+    space = await config_stub.GetAddressSpace(Ref(name="shop"))
+    assert space.status.status.phase == "Active"
+    assert sorted((e.name, e.port) for e in space.status.endpoints) == sorted(
+        [("amqp", r0.amqp_port), ("amqp", r1.amqp_port)]
+    )
+
+
+async def test_queue_waits_for_placement_then_becomes_active(
+    agent_setup: dict[str, Any],
+    config_stub: config_pb2_grpc.ConfigServiceStub,
+    routers: RouterFleet,
+) -> None:
+    await config_stub.CreateAddress(new_address("orders", "queue", "standard-small-queue"))
+
+    async def waiting() -> bool:
+        return await phase_of(config_stub, "orders") == (
+            "Configuring",
+            ["waiting for a broker placement"],
+        )
+
+    await eventually(waiting, what="orders Configuring for want of a placement")
+    for router in routers.routers.values():
+        running = router.admin().GetConfig(router_pb2.GetConfigRequest(), timeout=5)
+        assert "orders" not in [a.address for a in running.addresses]
+
+    # what the storage-controller does: it writes the placement into the status
+    current = await config_stub.GetAddress(Ref(space="shop", name="orders"))
+    status = resources_pb2.AddressStatus()
+    status.CopyFrom(current.status)
+    status.brokers.add(broker="broker-0", state="Active")
+    await config_stub.UpdateAddressStatus(
+        config_pb2.UpdateAddressStatusRequest(ref=Ref(space="shop", name="orders"), status=status)
+    )
+
+    async def active() -> bool:
+        return (await phase_of(config_stub, "orders"))[0] == "Active"
+
+    await eventually(active, what="orders Active")
+    placed = await config_stub.GetAddress(Ref(space="shop", name="orders"))
+    assert [(b.broker, b.state) for b in placed.status.brokers] == [("broker-0", "Active")]
+    for router in routers.routers.values():
+        running = router.admin().GetConfig(router_pb2.GetConfigRequest(), timeout=5)
+        (orders,) = [a for a in running.addresses if a.address == "orders"]
+        assert [(b.name, b.port, b.state) for b in orders.brokers] == [("broker-0", 5999, "Active")]
+
+
+async def test_a_restarted_router_gets_its_configuration_again(
+    agent_setup: dict[str, Any],
+    config_stub: config_pb2_grpc.ConfigServiceStub,
+    routers: RouterFleet,
+) -> None:
+    await config_stub.CreateAddress(new_address("calls", "anycast", "standard-anycast"))
+
+    async def active() -> bool:
+        return (await phase_of(config_stub, "calls"))[0] == "Active"
+
+    await eventually(active, what="calls Active")
+    topology = await agent_setup["api"].GetTopology(router_agent_pb2.TopologyRequest(space="shop"))
+    (shop,) = topology.spaces
+    generation = shop.generation
+    assert [(r.router_id, r.applied_generation) for r in shop.routers] == [
+        ("r0", generation),
+        ("r1", generation),
+    ]
+
+    # same admin port after a crash: only the probe can tell
+    r1 = routers.routers["r1"]
+    r1.kill()
+    routers.start(
+        "r1",
+        amqp_port=r1.amqp_port,
+        inter_router_port=r1.inter_router_port,
+        extra_args=("--admin-port", str(r1.admin_port)),
+    )
+    restarted = routers.routers["r1"]
+
+    async def reconfigured() -> bool:
+        stats = await asyncio.to_thread(restarted.stats)
+        return stats.generation == generation
+
+    await eventually(reconfigured, what="restarted r1 runs the space's generation")
+    running = restarted.admin().GetConfig(router_pb2.GetConfigRequest(), timeout=5)
+    assert [a.address for a in running.addresses] == ["calls"]
+
+
+async def test_the_agent_api_refuses_bad_requests_precisely(agent_setup: dict[str, Any]) -> None:
+    api = agent_setup["api"]
+    with pytest.raises(grpc.aio.AioRpcError) as empty:
+        await api.GetAddressStats(router_agent_pb2.AddressStatsRequest(), timeout=5)
+    assert empty.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert empty.value.details() == "space: must not be empty"
+    with pytest.raises(grpc.aio.AioRpcError) as unknown:
+        await api.GetTopology(router_agent_pb2.TopologyRequest(space="nowhere"), timeout=5)
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+    assert unknown.value.details() == "address space 'nowhere' not found"

@@ -1,0 +1,561 @@
+"""The reconcile loop: declared addresses and plans in, brokers rendered and stocked, statuses out.
+
+In: the config service's resources through an `Informer` (addresses, address spaces, plans), the
+brokers' BrokerAdmin (found through a `BrokerDirectory`). Out: broker workloads in the GitOps
+output, queues and topics ensured (with their plan) on the brokers that hold them, messages
+drained off brokers that are leaving, and `status.brokers` / phase / messages of every Address.
+
+One pass over one space (`reconcile_space`), in this order, each step safe to repeat:
+1. place: the pure `place()` from the space's addresses, plans, space plan and the last placement
+   (kept in memory; after a restart rebuilt from the rendered files and the statuses written);
+2. render every broker of the placement (new ones get free loopback ports) into the output;
+3. ensure: for every Active broker that answers, list what it has and ensure what it lacks or
+   holds with another plan; delete the queues and topics of deleted addresses;
+4. drain: for every address leaving a broker, once its new broker holds it, `Drain` the old one
+   into it, then check the old one holds none of it any more; only then is the move done (a
+   broker that does not answer is never reported drained). A Draining broker with no moves left
+   is dropped, and its file removed, so the runtime stops it;
+5. statuses: write what changed (compare-and-swap on the version seen; a lost race re-reads).
+A space whose pass left work undone (a broker not up yet, a drain to finish) is passed over again
+every `resync_interval`; any change from the informer triggers a pass at once. Deleting an
+address space removes its brokers' files (its messages go with it: the user deleted them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+import structlog
+from enmasse.common.informer import Informer
+from enmasse.common.validation import BROKERED_TYPES, object_of
+from enmasse.storage_controller.directory import BrokerDirectory, BrokerEndpoint
+from enmasse.storage_controller.placement import ACTIVE, Placement, place
+from enmasse.storage_controller.statuses import address_status, recorded_placement
+from enmasse.storage_controller.workloads import GitOpsOutput, LocalPorts, render_broker
+from enmasse.v1 import broker_pb2, broker_pb2_grpc, config_pb2, config_pb2_grpc, resources_pb2
+
+log = structlog.get_logger("enmasse.storage_controller")
+
+KINDS = ("AddressSpacePlan", "AddressPlan", "AddressSpace", "Address")
+RPC_TIMEOUT = 5.0
+PROBE_TIMEOUT = 2.0
+DRAIN_TIMEOUT = 120.0
+ENSURE_CONCURRENCY = 16
+PLAN_FIELDS = (
+    "persistent",
+    "memory_limit_bytes",
+    "default_ttl_ms",
+    "max_delivery_attempts",
+    "dead_letter_address",
+    "expiry_address",
+)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class SpacePass:
+    """What one pass over a space found: which broker holds which address, who refused what."""
+
+    ready: dict[str, set[str]] = field(default_factory=dict)  # address name -> brokers holding it
+    refusals: dict[str, str] = field(default_factory=dict)
+    up: dict[str, broker_pb2.ListAddressesResponse] = field(default_factory=dict)
+    settled: bool = True
+
+
+@dataclass(frozen=True)
+class _Known:
+    """What a deletion needs to know of an address after it is gone."""
+
+    address: str
+    type: str
+    brokers: tuple[str, ...]
+
+
+class StorageController:
+    def __init__(
+        self,
+        *,
+        config_target: str | Callable[[], str],
+        output: GitOpsOutput,
+        directory: BrokerDirectory,
+        space: str = "",
+        pick_port: Callable[[], int] = free_port,
+        resync_interval: float = 1.0,
+    ) -> None:
+        self.config_target = config_target
+        self.output = output
+        self.directory = directory
+        self.space_filter = space
+        self.pick_port = pick_port
+        self.resync_interval = resync_interval
+        self.informer = Informer(
+            target=config_target,
+            kinds=KINDS,
+            on_added=self._changed,
+            on_modified=self._changed,
+            on_deleted=self._changed,
+        )
+        self.placements: dict[str, Placement] = {}
+        self.passes = 0
+        self._dirty: set[str] = set()
+        self._wake = asyncio.Event()
+        self._known: dict[str, dict[str, _Known]] = {}
+        self._deletions: dict[str, list[_Known]] = {}
+        self._written: dict[tuple[str, str], tuple[bytes, int]] = {}
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._config_channel: grpc.aio.Channel | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------ running
+
+    def start(self) -> None:
+        self.informer.start()
+        self._task = asyncio.get_running_loop().create_task(self.run(), name="reconcile")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.informer.stop()
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+        if self._config_channel is not None:
+            await self._config_channel.close()
+
+    async def run(self) -> None:
+        await self.informer.synced.wait()
+        self._dirty |= self._all_spaces()
+        while True:
+            spaces, self._dirty = self._dirty, set()
+            self._wake.clear()
+            for space in sorted(spaces):
+                try:
+                    if not await self.reconcile_space(space):
+                        self._dirty.add(space)
+                except Exception:
+                    log.exception("reconcile failed; retrying", space=space)
+                    self._dirty.add(space)
+            self.passes += 1
+            if self._dirty:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.resync_interval)
+            else:
+                await self._wake.wait()
+
+    def _changed(self, resource: resources_pb2.Resource) -> None:
+        kind = resource.WhichOneof("kind")
+        obj = object_of(resource)
+        if kind == "address":
+            spaces = {obj.metadata.space}
+        elif kind == "address_space":
+            spaces = {obj.metadata.name}
+        else:
+            spaces = self._all_spaces()  # a plan: any space may use it
+        self._dirty |= {s for s in spaces if self._wanted(s)}
+        self._wake.set()
+
+    def _all_spaces(self) -> set[str]:
+        spaces = {r.address_space.metadata.name for r in self.informer.list("AddressSpace")}
+        spaces |= set(self.output.spaces()) | set(self.placements)
+        return {s for s in spaces if self._wanted(s)}
+
+    def _wanted(self, space: str) -> bool:
+        return not self.space_filter or space == self.space_filter
+
+    # ------------------------------------------------------------ one pass over one space
+
+    async def reconcile_space(self, space: str) -> bool:
+        """One pass; True when nothing is left to do for the space."""
+        found = self.informer.get("AddressSpace", space)
+        if found is None:
+            return await self._remove_space(space)
+        address_space = found.address_space
+        addresses = [r.address for r in self.informer.list("Address", space=space)]
+        plans = {
+            r.address_plan.metadata.name: r.address_plan for r in self.informer.list("AddressPlan")
+        }
+        space_plan_resource = self.informer.get("AddressSpacePlan", address_space.spec.plan)
+        current = self.placements.get(space)
+        if current is None:
+            current = recorded_placement(
+                space=space, workloads=self.output.read_space(space), addresses=addresses
+            )
+        placement = place(
+            space=space,
+            addresses=addresses,
+            plans=plans,
+            space_plan=space_plan_resource.address_space_plan if space_plan_resource else None,
+            current=current,
+        )
+        self._note_deletions(space, current, addresses)
+        self._render(space, placement)
+        self.placements[space] = placement
+        found_pass = await self._ensure(space, placement, addresses, plans)
+        await self._delete_gone(space, found_pass)
+        placement = await self._drain(space, placement, addresses, found_pass)
+        if placement != self.placements[space]:
+            self._render(space, placement)
+            self.placements[space] = placement
+        await self._write_statuses(space, addresses, placement, found_pass)
+        return found_pass.settled and not placement.moves and not self._deletions.get(space)
+
+    async def _remove_space(self, space: str) -> bool:
+        removed = self.output.write_space(space, {})
+        if removed:
+            log.info("address space gone; brokers removed", space=space, brokers=removed)
+        self.placements.pop(space, None)
+        self._known.pop(space, None)
+        self._deletions.pop(space, None)
+        return True
+
+    # ------------------------------------------------------------ rendering
+
+    def _render(self, space: str, placement: Placement) -> None:
+        rendered = self.output.read_all()
+        ports = {bid: w.ports for bid, w in rendered.get(space, {}).items()}
+        taken = {
+            p
+            for ws in rendered.values()
+            for w in ws.values()
+            for p in (w.ports.amqp, w.ports.admin)
+        }
+        texts = {}
+        for broker_id, broker in placement.brokers.items():
+            if broker_id not in ports:
+                ports[broker_id] = LocalPorts(self._fresh_port(taken), self._fresh_port(taken))
+            texts[broker_id] = render_broker(space=space, broker=broker, ports=ports[broker_id])
+        changed = self.output.write_space(space, texts)
+        if changed:
+            log.info("broker workloads rendered", space=space, changed=changed)
+
+    def _fresh_port(self, taken: set[int]) -> int:
+        for _ in range(100):
+            port = self.pick_port()
+            if port not in taken:
+                taken.add(port)
+                return port
+        raise RuntimeError("no free port found in 100 tries")
+
+    # ------------------------------------------------------------ ensuring queues and topics
+
+    async def _ensure(
+        self,
+        space: str,
+        placement: Placement,
+        addresses: Sequence[resources_pb2.Address],
+        plans: dict[str, resources_pb2.AddressPlan],
+    ) -> SpacePass:
+        found = SpacePass()
+        by_name = {a.metadata.name: a for a in addresses}
+        brokers = [b for b in placement.brokers.values()]
+        listings = await asyncio.gather(*(self._list(space, b.id) for b in brokers))
+        for broker, listing in zip(brokers, listings, strict=True):
+            if listing is not None:
+                found.up[broker.id] = listing
+        for broker in brokers:
+            if broker.state != ACTIVE:
+                continue
+            listing = found.up.get(broker.id)
+            if listing is None:
+                found.settled = False
+                continue
+            held = {a.name: a for a in listing.addresses}
+            names = placement.holders(broker.id)
+            # topics before subscriptions: a subscription is ready when its topic is
+            names.sort(key=lambda n: by_name[n].spec.type == "subscription")
+            for name in names:
+                address = by_name[name]
+                if await self._ensure_one(space, broker.id, address, by_name, plans, held, found):
+                    found.ready.setdefault(name, set()).add(broker.id)
+        return found
+
+    async def _ensure_one(
+        self,
+        space: str,
+        broker_id: str,
+        address: resources_pb2.Address,
+        by_name: dict[str, resources_pb2.Address],
+        plans: dict[str, resources_pb2.AddressPlan],
+        held: dict[str, broker_pb2.BrokerAddress],
+        found: SpacePass,
+    ) -> bool:
+        spec = address.spec
+        if spec.type == "subscription":
+            topic = by_name.get(spec.topic)
+            return topic is not None and broker_id in found.ready.get(topic.metadata.name, set())
+        plan = plans[spec.plan].spec
+        have = held.get(spec.address)
+        if have is not None and have.kind == spec.type and _same_plan(have.plan, plan):
+            return True
+        request = broker_pb2.EnsureAddressRequest(name=spec.address, plan=plan)
+        stub = self._broker_stub(space, broker_id)
+        if stub is None:
+            found.settled = False
+            return False
+        ensure = stub.EnsureQueue if spec.type == "queue" else stub.EnsureTopic
+        try:
+            await ensure(request, timeout=RPC_TIMEOUT)
+        except grpc.aio.AioRpcError as error:
+            if error.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS):
+                found.refusals[address.metadata.name] = (
+                    f"broker {broker_id} refused {spec.type} '{spec.address}': {error.details()}"
+                )
+            else:
+                found.settled = False
+            log.warning(
+                "ensure failed",
+                space=space,
+                broker=broker_id,
+                address=spec.address,
+                code=error.code().name,
+                error=error.details(),
+            )
+            return False
+        log.info("ensured", space=space, broker=broker_id, address=spec.address, type=spec.type)
+        return True
+
+    async def _list(self, space: str, broker_id: str) -> broker_pb2.ListAddressesResponse | None:
+        """The broker's addresses, or None when it does not answer (not running yet, or down)."""
+        stub = self._broker_stub(space, broker_id)
+        if stub is None:
+            return None
+        try:
+            listing: broker_pb2.ListAddressesResponse = await stub.ListAddresses(
+                broker_pb2.ListAddressesRequest(), timeout=PROBE_TIMEOUT
+            )
+            return listing
+        except grpc.aio.AioRpcError:
+            return None
+
+    def _broker_stub(self, space: str, broker_id: str) -> broker_pb2_grpc.BrokerAdminStub | None:
+        endpoint = self.directory.endpoint(space, broker_id)
+        if endpoint is None:
+            return None
+        channel = self._channels.get(endpoint.admin)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(endpoint.admin)
+            self._channels[endpoint.admin] = channel
+        return broker_pb2_grpc.BrokerAdminStub(channel)
+
+    # ------------------------------------------------------------ deleted addresses
+
+    def _note_deletions(
+        self, space: str, current: Placement, addresses: Sequence[resources_pb2.Address]
+    ) -> None:
+        """Remembers, for each address that vanished, where its queue or topic must go."""
+        alive = {a.metadata.name for a in addresses}
+        known = self._known.setdefault(space, {})
+        for name in [n for n in known if n not in alive]:
+            gone = known.pop(name)
+            if gone.type in ("queue", "topic"):
+                self._deletions.setdefault(space, []).append(gone)
+        for address in addresses:
+            name = address.metadata.name
+            if address.spec.type in BROKERED_TYPES:
+                held = (*current.addresses.get(name, ()), *current.moves.get(name, ()))
+                known[name] = _Known(address.spec.address, address.spec.type, held)
+
+    async def _delete_gone(self, space: str, found: SpacePass) -> None:
+        remaining = []
+        for gone in self._deletions.get(space, []):
+            left = [b for b in gone.brokers if b in self.placements[space].brokers]
+            undone = [b for b in left if not await self._delete_on(space, b, gone, found)]
+            if undone:
+                remaining.append(_Known(gone.address, gone.type, tuple(undone)))
+        self._deletions[space] = remaining
+
+    async def _delete_on(self, space: str, broker_id: str, gone: _Known, found: SpacePass) -> bool:
+        listing = found.up.get(broker_id)
+        if listing is None:
+            return False
+        if not any(a.name == gone.address for a in listing.addresses):
+            return True
+        stub = self._broker_stub(space, broker_id)
+        if stub is None:
+            return False
+        delete = stub.DeleteQueue if gone.type == "queue" else stub.DeleteTopic
+        try:
+            answer = await delete(
+                broker_pb2.DeleteAddressRequest(name=gone.address), timeout=RPC_TIMEOUT
+            )
+        except grpc.aio.AioRpcError as error:
+            return error.code() == grpc.StatusCode.NOT_FOUND
+        log.info(
+            "deleted",
+            space=space,
+            broker=broker_id,
+            address=gone.address,
+            messages_deleted=answer.messages_deleted,
+        )
+        return True
+
+    # ------------------------------------------------------------ draining
+
+    async def _drain(
+        self,
+        space: str,
+        placement: Placement,
+        addresses: Sequence[resources_pb2.Address],
+        found: SpacePass,
+    ) -> Placement:
+        by_name = {a.metadata.name: a for a in addresses}
+        for name, leaving in sorted(placement.moves.items()):
+            targets = placement.addresses.get(name, ())
+            address = by_name.get(name)
+            if address is None or not targets or targets[0] not in found.ready.get(name, set()):
+                continue  # nowhere to hand over to yet
+            for source in leaving:
+                if await self._move(space, address, source=source, target=targets[0], found=found):
+                    placement = placement.move_done(name, source)
+                    log.info("move done", space=space, address=name, source=source)
+        return placement
+
+    async def _move(
+        self,
+        space: str,
+        address: resources_pb2.Address,
+        *,
+        source: str,
+        target: str,
+        found: SpacePass,
+    ) -> bool:
+        """Hands an address's messages from `source` to `target`; True only when `source`
+        answered that it holds none of them any more."""
+        spec = address.spec
+        if spec.type != "queue":
+            return (
+                True  # a topic's new broker serves it; subscriptions are the subscription service's
+            )
+        if source not in found.up:
+            return False  # down: never reported drained
+        target_endpoint = self.directory.endpoint(space, target)
+        stub = self._broker_stub(space, source)
+        if target_endpoint is None or stub is None:
+            return False
+        if not await self._drain_queue(stub, spec.address, target_endpoint, space, source):
+            return False
+        listing = await self._list(space, source)
+        if listing is None:
+            return False
+        left = next((a for a in listing.addresses if a.name == spec.address), None)
+        if left is not None and (left.depth or left.bytes):
+            return False  # unsettled deliveries still out, or new arrivals: next pass
+        staying = self.placements[space].brokers.get(source)
+        if left is not None and staying is not None and staying.state == ACTIVE:
+            # the broker stays for others: the moved queue must not linger there
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await stub.DeleteQueue(
+                    broker_pb2.DeleteAddressRequest(name=spec.address), timeout=RPC_TIMEOUT
+                )
+        return True
+
+    async def _drain_queue(
+        self,
+        stub: broker_pb2_grpc.BrokerAdminStub,
+        queue: str,
+        target: BrokerEndpoint,
+        space: str,
+        source: str,
+    ) -> bool:
+        request = broker_pb2.DrainRequest(
+            target_host=target.host, target_port=target.amqp_port, addresses=[queue]
+        )
+        try:
+            answer = await stub.Drain(request, timeout=DRAIN_TIMEOUT)
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.NOT_FOUND:
+                return True  # nothing of it there
+            log.warning(
+                "drain failed", space=space, broker=source, queue=queue, error=error.details()
+            )
+            return False
+        log.info("drained", space=space, broker=source, queue=queue, moved=answer.messages_moved)
+        return True
+
+    # ------------------------------------------------------------ statuses
+
+    async def _write_statuses(
+        self,
+        space: str,
+        addresses: Iterable[resources_pb2.Address],
+        placement: Placement,
+        found: SpacePass,
+    ) -> None:
+        for address in addresses:
+            if address.spec.type not in BROKERED_TYPES:
+                continue
+            desired = address_status(
+                address=address,
+                placement=placement,
+                ready=found.ready.get(address.metadata.name, set()),
+                refusal=found.refusals.get(address.metadata.name, ""),
+            )
+            if desired != address.status:
+                await self._write_status(address, desired)
+
+    async def _write_status(
+        self, address: resources_pb2.Address, desired: resources_pb2.AddressStatus
+    ) -> None:
+        key = (address.metadata.space, address.metadata.name)
+        wire = desired.SerializeToString(deterministic=True)
+        last = self._written.get(key)
+        if last is not None and last[0] == wire and address.metadata.resource_version < last[1]:
+            return  # the informer has not caught up with our own write yet
+        stub = self._config_stub()
+        ref = config_pb2.ObjectRef(space=key[0], name=key[1])
+        version = address.metadata.resource_version
+        for _attempt in range(3):
+            try:
+                written = await stub.UpdateAddressStatus(
+                    config_pb2.UpdateAddressStatusRequest(
+                        ref=ref, status=desired, resource_version=version
+                    ),
+                    timeout=RPC_TIMEOUT,
+                )
+            except grpc.aio.AioRpcError as error:
+                if error.code() == grpc.StatusCode.NOT_FOUND:
+                    return
+                if error.code() != grpc.StatusCode.ABORTED:
+                    await self._drop_config_channel()  # config may be back on another port
+                    raise
+                fresh = await stub.GetAddress(ref, timeout=RPC_TIMEOUT)
+                if fresh.metadata.generation != address.metadata.generation:
+                    return  # the spec changed under us: the next pass computes anew
+                version = fresh.metadata.resource_version
+                continue
+            self._written[key] = (wire, written.metadata.resource_version)
+            log.info(
+                "address status written",
+                space=key[0],
+                address=key[1],
+                phase=desired.status.phase,
+                brokers=[b.broker for b in desired.brokers],
+            )
+            return
+
+    async def _drop_config_channel(self) -> None:
+        if self._config_channel is not None:
+            await self._config_channel.close()
+            self._config_channel = None
+
+    def _config_stub(self) -> config_pb2_grpc.ConfigServiceStub:
+        if self._config_channel is None:
+            target = self.config_target() if callable(self.config_target) else self.config_target
+            self._config_channel = grpc.aio.insecure_channel(target)
+        return config_pb2_grpc.ConfigServiceStub(self._config_channel)
+
+
+def _same_plan(have: resources_pb2.AddressPlanSpec, want: resources_pb2.AddressPlanSpec) -> bool:
+    return all(getattr(have, f) == getattr(want, f) for f in PLAN_FIELDS)

@@ -1,0 +1,85 @@
+"""`enmasse-storage-controller`: wiring and start-up only.
+
+Reads the flags, serves gRPC health (and reflection) on --listen so probes and `enmasse up` can
+see it is alive, and runs the `StorageController` against the config service until SIGTERM or
+SIGINT. Broker endpoints come from the rendered GitOps output, or from the local runtime's ports
+files under --var-dir when given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+from pathlib import Path
+
+import structlog
+from enmasse.common.logging import configure_logging
+from enmasse.common.serving import start_server
+from enmasse.storage_controller.controller import StorageController
+from enmasse.storage_controller.directory import LocalBrokerDirectory
+from enmasse.storage_controller.workloads import GitOpsOutput
+
+log = structlog.get_logger("enmasse.storage_controller")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="enmasse-storage-controller",
+        description="Places stored addresses onto brokers and renders the broker workloads",
+    )
+    parser.add_argument(
+        "--config",
+        "--config-server",
+        dest="config",
+        default="127.0.0.1:5680",
+        help="host:port of the config service",
+    )
+    parser.add_argument(
+        "--gitops-dir",
+        type=Path,
+        required=True,
+        help="the GitOps output: broker workloads go to <dir>/workloads/<space>/",
+    )
+    parser.add_argument("--space", default="", help="reconcile only this address space")
+    parser.add_argument(
+        "--var-dir",
+        type=Path,
+        default=None,
+        help="the local runtime's state: brokers' ports files under <var>/brokers/",
+    )
+    parser.add_argument("--listen", default="127.0.0.1:0", help="host:port for gRPC health")
+    parser.add_argument("--resync", type=float, default=1.0, help="seconds between retries")
+    return parser.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    output = GitOpsOutput(args.gitops_dir)
+    controller = StorageController(
+        config_target=args.config,
+        output=output,
+        directory=LocalBrokerDirectory(output=output, var_dir=args.var_dir),
+        space=args.space,
+        resync_interval=args.resync,
+    )
+    host, _, port = args.listen.rpartition(":")
+    running = await start_server(registrations=[], host=host or "127.0.0.1", port=int(port or 0))
+    log.info("serving", port=running.port, config=args.config, gitops_dir=str(args.gitops_dir))
+    controller.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    log.info("stopping")
+    await controller.stop()
+    await running.stop(grace=1.0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    configure_logging(service="storage-controller")
+    asyncio.run(serve(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

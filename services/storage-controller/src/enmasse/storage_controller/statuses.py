@@ -1,0 +1,100 @@
+"""What each Address status must say about its placement, and the placement statuses record. Pure.
+
+In: an Address (with the status it has now), the space's `Placement`, which of its brokers
+already hold it, and a broker's refusal if any. Out: the `AddressStatus` to write, or the very
+status it has when nothing changed (the controller writes only differences).
+
+The division of labour with the router-agent: this controller writes `status.brokers` (each
+broker with state Active, or Draining while the address's messages leave it) and the phase up to
+Configuring; `Active` is the router-agent's to set, once every router runs the address. So an
+Active address whose brokers did not change and whose brokers all hold it is left exactly as it
+is. Messages are for people, but stable: `placed on broker(s) a, b`, then `broker ready: a, b` or
+`waiting for broker: a`, and `draining from broker: c` while messages move.
+
+And back: `recorded_placement` rebuilds a space's placement from what it wrote (the rendered
+brokers plus the addresses' `status.brokers`), so a restarted controller moves nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+
+from enmasse.storage_controller.placement import DRAINING, Placement
+from enmasse.storage_controller.workloads import BrokerWorkload
+from enmasse.v1 import resources_pb2
+
+PENDING = "Pending"
+CONFIGURING = "Configuring"
+ACTIVE = "Active"
+FAILED = "Failed"
+
+
+def address_status(
+    *,
+    address: resources_pb2.Address,
+    placement: Placement,
+    ready: Collection[str],
+    refusal: str = "",
+) -> resources_pb2.AddressStatus:
+    name = address.metadata.name
+    generation = address.metadata.generation
+    active = placement.addresses.get(name, ())
+    leaving = placement.moves.get(name, ())
+    entries = [resources_pb2.BrokerPlacement(broker=b, state=ACTIVE) for b in active]
+    entries += [resources_pb2.BrokerPlacement(broker=b, state=DRAINING) for b in leaving]
+    if name in placement.pending:
+        # a Pending address that still has messages somewhere says where, so they are kept
+        return _status(PENDING, [placement.pending[name]], generation=generation, brokers=entries)
+    if refusal:
+        return _status(FAILED, [refusal], generation=generation, brokers=entries)
+    waiting = [b for b in active if b not in ready]
+    now = address.status
+    unchanged = list(now.brokers) == entries and now.status.observed_generation == generation
+    if unchanged and now.status.phase == ACTIVE and not waiting:
+        return now
+    messages = [f"placed on broker{'s' if len(active) > 1 else ''} {', '.join(active)}"]
+    if waiting:
+        messages.append(f"waiting for broker: {', '.join(waiting)}")
+    else:
+        messages.append(f"broker ready: {', '.join(active)}")
+    if leaving:
+        messages.append(f"draining from broker: {', '.join(leaving)}")
+    return _status(CONFIGURING, messages, generation=generation, brokers=entries)
+
+
+def _status(
+    phase: str,
+    messages: list[str],
+    *,
+    generation: int,
+    brokers: Sequence[resources_pb2.BrokerPlacement] = (),
+) -> resources_pb2.AddressStatus:
+    return resources_pb2.AddressStatus(
+        status=resources_pb2.Status(phase=phase, messages=messages, observed_generation=generation),
+        brokers=brokers,
+    )
+
+
+def recorded_placement(
+    *,
+    space: str,
+    workloads: Mapping[str, BrokerWorkload],
+    addresses: Sequence[resources_pb2.Address],
+) -> Placement:
+    """The placement the controller last wrote; brokers whose files are gone are forgotten."""
+    brokers = {broker_id: w.broker for broker_id, w in workloads.items()}
+    placed: dict[str, tuple[str, ...]] = {}
+    moves: dict[str, tuple[str, ...]] = {}
+    for address in addresses:
+        name = address.metadata.name
+        active = tuple(
+            e.broker for e in address.status.brokers if e.state != DRAINING and e.broker in brokers
+        )
+        leaving = tuple(
+            e.broker for e in address.status.brokers if e.state == DRAINING and e.broker in brokers
+        )
+        if active:
+            placed[name] = active
+        if leaving:
+            moves[name] = leaving
+    return Placement(space=space, brokers=brokers, addresses=placed, moves=moves)

@@ -1,0 +1,1 @@
+"""enmasse.subscription: durable subscriptions of standard spaces, which broker holds each."""

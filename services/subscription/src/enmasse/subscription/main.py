@@ -1,0 +1,92 @@
+"""`enmasse-subscription`: wiring and start-up of the subscription service, nothing else.
+
+Reads the flags, follows the config service through an informer, reads the broker endpoints the
+runtime publishes (`<var>/run/brokers.json` unless named otherwise) and serves
+SubscriptionService (with health and reflection). The bound port goes to the log, to stdout as
+`listening on <host>:<port>` and, with --port-file, into that file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import structlog
+from enmasse.common.logging import configure_logging
+from enmasse.common.serving import start_server
+from enmasse.subscription.brokers import FileBrokerDirectory
+from enmasse.subscription.servicer import SERVICE_NAME, SubscriptionServicer
+from enmasse.subscription.subscriptions import DurableSubscriptions
+from enmasse.v1 import subscription_pb2_grpc
+
+log = structlog.get_logger("enmasse.subscription")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="enmasse-subscription",
+        description="Durable subscriptions of standard spaces: which broker holds each",
+    )
+    parser.add_argument("--listen", default="127.0.0.1:0", help="host:port to serve on")
+    parser.add_argument("--config", required=True, help="host:port of the config service")
+    parser.add_argument(
+        "--var",
+        default=os.environ.get("ENMASSE_VAR", "var"),
+        help="the runtime's var dir (endpoint files under <var>/run/)",
+    )
+    parser.add_argument("--brokers-file", default=None, help="default: <var>/run/brokers.json")
+    parser.add_argument("--port-file", default=None, help="write the bound port to this file")
+    return parser.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    brokers_file = Path(args.brokers_file or Path(args.var) / "run" / "brokers.json")
+    subscriptions = DurableSubscriptions(
+        config_target=args.config, brokers=FileBrokerDirectory(brokers_file)
+    )
+    subscriptions.start()
+    host, _, port = args.listen.rpartition(":")
+    running = await start_server(
+        registrations=[
+            (
+                subscription_pb2_grpc.add_SubscriptionServiceServicer_to_server,
+                SubscriptionServicer(subscriptions),
+                SERVICE_NAME,
+            )
+        ],
+        host=host or "127.0.0.1",
+        port=int(port or 0),
+    )
+    log.info("serving", port=running.port, config=args.config)
+    sys.stdout.write(f"listening on {host or '127.0.0.1'}:{running.port}\n")
+    sys.stdout.flush()
+    if args.port_file:
+        _write_port_file(args.port_file, running.port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    log.info("stopping")
+    await running.stop(grace=1.0)
+    await subscriptions.stop()
+
+
+def _write_port_file(path: str, port: int) -> None:
+    partial = f"{path}.partial"
+    with open(partial, "w") as file:
+        file.write(f"{port}\n")
+    os.replace(partial, path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    configure_logging(service="subscription")
+    asyncio.run(serve(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

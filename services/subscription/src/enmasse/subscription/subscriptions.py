@@ -1,0 +1,271 @@
+"""Durable subscriptions of standard spaces: answer look-ups, create, record.
+
+What flows in: look-ups (space, the address a durable receiver attached to, its container id and
+link name, shared or not), the store through an informer (address spaces, addresses with their
+placement and recorded choices, address plans), and the broker directory. What flows out: the
+broker that holds the subscription and its AMQP listener; as effects, the topic ensured on that
+broker (BrokerAdmin.EnsureTopic with the topic's plan, idempotent) and the choice recorded on the
+topic Address (config UpdateAddress, compare-and-swap).
+
+Why it is built so: the decision is pure (`choice`), the effects are idempotent, and look-ups of
+one topic run one at a time (a lock per topic), so two subscribers of the same topic never race
+each other's record. Between instances the record is compare-and-swap: on ABORTED the fresh topic
+is read and the decision made again on top of it, so the first recorded choice wins everywhere.
+The broker is made to hold the topic BEFORE the choice is recorded: a recorded choice always
+names a broker that has the topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import grpc
+import structlog
+from enmasse.common.informer import Informer
+from enmasse.common.validation import object_of
+from enmasse.subscription.brokers import BrokerEndpoint, FileBrokerDirectory
+from enmasse.subscription.choice import (
+    Refusal,
+    Subscriber,
+    annotation_key,
+    choose_broker,
+    recorded,
+    subscriber_of,
+)
+from enmasse.v1 import (
+    broker_pb2,
+    broker_pb2_grpc,
+    config_pb2,
+    config_pb2_grpc,
+    resources_pb2,
+    subscription_pb2,
+)
+
+log = structlog.get_logger(__name__)
+
+CALL_DEADLINE = 10.0
+RECORD_ATTEMPTS = 5
+TopicKey = tuple[str, str]  # (space, topic resource name)
+
+
+class DurableSubscriptions:
+    def __init__(
+        self, *, config_target: str | Callable[[], str], brokers: FileBrokerDirectory
+    ) -> None:
+        self._config_target = config_target
+        self.brokers = brokers
+        self.informer = Informer(
+            target=config_target, kinds=["AddressSpace", "Address", "AddressPlan"]
+        )
+        self._locks: dict[TopicKey, asyncio.Lock] = {}
+        self._written: dict[TopicKey, resources_pb2.Address] = {}
+
+    def start(self) -> None:
+        self.informer.start()
+
+    async def stop(self) -> None:
+        await self.informer.stop()
+
+    def _target(self) -> str:
+        return self._config_target() if callable(self._config_target) else self._config_target
+
+    # ------------------------------------------------------------ look-up
+
+    async def lookup(
+        self, request: subscription_pb2.LookupRequest
+    ) -> subscription_pb2.SubscriptionLocation:
+        """Refusal with the exact reason when the request or the store does not allow it."""
+        if not request.space:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "space: must not be empty")
+        subscriber = subscriber_of(
+            address=request.address,
+            container_id=request.container_id,
+            link_name=request.link_name,
+            shared=request.shared,
+        )
+        await self._synced()
+        self._standard_space(request.space)
+        topic = self._topic(request.space, subscriber.topic)
+        key = (request.space, topic.metadata.name)
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            return await self._place(key, subscriber)
+
+    async def _place(
+        self, key: TopicKey, subscriber: Subscriber
+    ) -> subscription_pb2.SubscriptionLocation:
+        async with grpc.aio.insecure_channel(self._target()) as channel:
+            config = config_pb2_grpc.ConfigServiceStub(channel)
+            for _attempt in range(RECORD_ATTEMPTS):
+                topic = self._freshest(key)
+                was = recorded(topic.metadata.annotations).get(subscriber.identity)
+                broker = choose_broker(
+                    identity=subscriber.identity,
+                    topic=subscriber.topic,
+                    placement=[(b.broker, b.state) for b in topic.status.brokers],
+                    recorded_broker=was,
+                )
+                endpoint = self._endpoint(key[0], broker)
+                await self._ensure_topic(endpoint, topic)
+                if was == broker or await self._record(config, topic, subscriber, broker):
+                    return _location(key[0], subscriber, endpoint, created=was != broker)
+        raise Refusal(
+            grpc.StatusCode.ABORTED,
+            f"topic '{subscriber.topic}' kept changing while recording the subscription; retry",
+        )
+
+    async def _record(
+        self,
+        config: config_pb2_grpc.ConfigServiceStub,
+        topic: resources_pb2.Address,
+        subscriber: Subscriber,
+        broker: str,
+    ) -> bool:
+        """True when recorded; False when the topic changed meanwhile (the caller decides again)."""
+        update = resources_pb2.Address()
+        update.CopyFrom(topic)
+        update.metadata.annotations[annotation_key(subscriber.identity)] = broker
+        key = (topic.metadata.space, topic.metadata.name)
+        try:
+            stored = await config.UpdateAddress(update, timeout=CALL_DEADLINE)
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.ABORTED:
+                fresh = await config.GetAddress(
+                    config_pb2.ObjectRef(space=key[0], name=key[1]), timeout=CALL_DEADLINE
+                )
+                self._written[key] = fresh
+                return False
+            if error.code() == grpc.StatusCode.NOT_FOUND:
+                raise Refusal(
+                    grpc.StatusCode.NOT_FOUND,
+                    f"topic '{subscriber.topic}' was deleted from address space '{key[0]}'",
+                ) from None
+            raise Refusal(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the config service could not record the subscription: {error.details()}",
+            ) from None
+        self._written[key] = stored
+        log.info(
+            "subscription recorded",
+            space=key[0],
+            address=subscriber.topic,
+            subscription=subscriber.identity,
+            broker=broker,
+        )
+        return True
+
+    async def _ensure_topic(self, endpoint: BrokerEndpoint, topic: resources_pb2.Address) -> None:
+        plan = self.informer.get("AddressPlan", topic.spec.plan)
+        spec = object_of(plan).spec if plan is not None else resources_pb2.AddressPlanSpec()
+        async with grpc.aio.insecure_channel(endpoint.admin) as channel:
+            admin = broker_pb2_grpc.BrokerAdminStub(channel)
+            try:
+                await admin.EnsureTopic(
+                    broker_pb2.EnsureAddressRequest(name=topic.spec.address, plan=spec),
+                    timeout=CALL_DEADLINE,
+                )
+            except grpc.aio.AioRpcError as error:
+                raise Refusal(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"broker '{endpoint.name}' at {endpoint.admin} did not take topic "
+                    f"'{topic.spec.address}': {error.code().name} {error.details() or ''}".rstrip(),
+                ) from None
+
+    # ------------------------------------------------------------ reading the store
+
+    async def _synced(self) -> None:
+        try:
+            await asyncio.wait_for(self.informer.synced.wait(), timeout=CALL_DEADLINE)
+        except TimeoutError:
+            raise Refusal(
+                grpc.StatusCode.UNAVAILABLE, "the config service has not answered yet; retry"
+            ) from None
+
+    def _standard_space(self, space: str) -> None:
+        found = self.informer.get("AddressSpace", space)
+        if found is None:
+            raise Refusal(grpc.StatusCode.NOT_FOUND, f"address space '{space}' not found")
+        kind = object_of(found).spec.type
+        if kind != "standard":
+            raise Refusal(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"address space '{space}' is {kind}: its one broker holds every subscription",
+            )
+
+    def _topic(self, space: str, address: str) -> resources_pb2.Address:
+        for resource in self.informer.list("Address", space=space):
+            candidate = object_of(resource)
+            if candidate.spec.address == address and candidate.spec.type == "topic":
+                return candidate
+        raise Refusal(
+            grpc.StatusCode.NOT_FOUND, f"topic '{address}' not found in address space '{space}'"
+        )
+
+    def _freshest(self, key: TopicKey) -> resources_pb2.Address:
+        """The newest version known: the informer's, or the one this service just wrote."""
+        cached = self.informer.get("Address", key[1], space=key[0])
+        written = self._written.get(key)
+        if cached is None:
+            raise Refusal(
+                grpc.StatusCode.NOT_FOUND, f"topic '{key[1]}' not found in address space '{key[0]}'"
+            )
+        topic = object_of(cached)
+        if (
+            written is not None
+            and written.metadata.resource_version > topic.metadata.resource_version
+        ):
+            return written
+        return topic
+
+    def _endpoint(self, space: str, broker: str) -> BrokerEndpoint:
+        endpoint = self.brokers.broker(space, broker)
+        if endpoint is None:
+            raise Refusal(
+                grpc.StatusCode.UNAVAILABLE,
+                f"broker '{broker}' of address space '{space}' is not running yet",
+            )
+        return endpoint
+
+    # ------------------------------------------------------------ listing
+
+    async def list(
+        self, request: subscription_pb2.ListSubscriptionsRequest
+    ) -> subscription_pb2.SubscriptionList:
+        if not request.space:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "space: must not be empty")
+        await self._synced()
+        if self.informer.get("AddressSpace", request.space) is None:
+            raise Refusal(grpc.StatusCode.NOT_FOUND, f"address space '{request.space}' not found")
+        found = []
+        for resource in self.informer.list("Address", space=request.space):
+            topic = object_of(resource)
+            if topic.spec.type != "topic" or request.topic not in ("", topic.spec.address):
+                continue
+            topic = self._freshest((request.space, topic.metadata.name))
+            for identity, broker in sorted(recorded(topic.metadata.annotations).items()):
+                endpoint = self.brokers.broker(request.space, broker)
+                found.append(
+                    subscription_pb2.SubscriptionLocation(
+                        space=request.space,
+                        topic=topic.spec.address,
+                        identity=identity,
+                        broker=broker,
+                        host=endpoint.host if endpoint else "",
+                        port=endpoint.amqp_port if endpoint else 0,
+                    )
+                )
+        return subscription_pb2.SubscriptionList(subscriptions=found)
+
+
+def _location(
+    space: str, subscriber: Subscriber, endpoint: BrokerEndpoint, *, created: bool
+) -> subscription_pb2.SubscriptionLocation:
+    return subscription_pb2.SubscriptionLocation(
+        space=space,
+        topic=subscriber.topic,
+        identity=subscriber.identity,
+        broker=endpoint.name,
+        host=endpoint.host,
+        port=endpoint.amqp_port,
+        created=created,
+    )
