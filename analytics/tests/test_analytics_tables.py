@@ -132,7 +132,7 @@ def test_hop_breakdown_per_address(scenario_spans: Any) -> None:
     orders = [
         (r["hop"], r["spans"], round(r["mean_ms"], 6)) for r in hops if r["address"] == "orders"
     ]
-    residence = [sum(ORDERS_E2E_MS) / 5 - 7.7]
+    residence = sum(ORDERS_E2E_MS) / 5 - 7.7
     assert orders == [
         ("router.route", 5, 1.0),
         ("router.waypoint", 5, 1.0),

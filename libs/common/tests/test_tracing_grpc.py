@@ -127,9 +127,9 @@ async def test_grpc_calls_write_linked_spans_as_otlp_json(
     assert int(server["startTimeUnixNano"]) <= int(inner["startTimeUnixNano"])
     assert int(inner["endTimeUnixNano"]) <= int(server["endTimeUnixNano"])
 
-    refused = by_name[f"/{SERVICE}/DeleteQueue"]
-    refused_client = next(s for s in refused if s["kind"] == 3)
-    refused_server = next(s for s in refused if s["kind"] == 2)
+    delete_calls = by_name[f"/{SERVICE}/DeleteQueue"]
+    refused_client = next(s for s in delete_calls if s["kind"] == 3)
+    refused_server = next(s for s in delete_calls if s["kind"] == 2)
     assert refused_client["status"] == {"code": 2, "message": "no queue 'nope'"}  # ERROR
     # OTLP JSON writes int64 values as strings.
     assert _attributes(refused_server["attributes"])["rpc.grpc.status_code"] == "5"  # NOT_FOUND

@@ -321,3 +321,14 @@ def test_admin_lists_counters_and_deletes_topics(broker: BrokerProcess) -> None:
     deleted = broker.admin().DeleteTopic(broker_pb2.DeleteAddressRequest(name="t"), timeout=5)
     assert deleted.messages_deleted == 1
     assert sorted(broker.addresses()) == ["q"]
+
+
+def test_pre_settled_sends_arrive_at_most_once_in_order(broker: BrokerProcess) -> None:
+    broker.ensure_queue("fire-and-forget")
+    with client(broker) as c:
+        sender = c.sender("fire-and-forget", settled=True)
+        for i in range(50):
+            sender.send(message(f"m{i}"))
+        receiver = c.receiver("fire-and-forget")
+        got = [body(receiver.receive().payload) for _ in range(50)]
+    assert got == [f"m{i}" for i in range(50)]

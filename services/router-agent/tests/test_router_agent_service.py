@@ -169,6 +169,14 @@ async def test_anycast_address_becomes_active_and_carries_a_message_across_the_m
 
     space = await config_stub.GetAddressSpace(Ref(name="shop"))
     assert space.status.status.phase == "Active"
+    # converged means quiet: passes go on (probes), but nothing is written again
+    agent: RouterAgent = agent_setup["agent"]
+    writes, passes = agent.status_writes, agent.passes
+    await asyncio.sleep(1.0)
+    assert agent.passes > passes
+    assert agent.status_writes == writes
+    unchanged = await config_stub.GetAddressSpace(Ref(name="shop"))
+    assert unchanged.metadata.resource_version == space.metadata.resource_version
     assert sorted((e.name, e.port) for e in space.status.endpoints) == sorted(
         [("amqp", r0.amqp_port), ("amqp", r1.amqp_port)]
     )

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import Client
-from enmasse.common.amqp.engine import Outcome, Terminus
+from enmasse.common.amqp.client import AmqpError, Client
+from enmasse.common.amqp.engine import Condition, Outcome, Terminus
 from enmasse.v1 import router_pb2
 
 from tests.fixtures.broker import BrokerFactory, BrokerProcess
@@ -175,3 +175,33 @@ def test_durable_subscription_is_found_again_through_another_router(
     back = _connect(r2.amqp_port, clients, container_id="trader-7")
     resumed = back.receiver("prices", name="ticks", source=durable, credit=10)
     assert _numbers(resumed, 2) == [2, 3]
+
+
+def test_a_subscription_address_reads_its_queue_on_the_broker(
+    routers: RouterFleet, broker: BrokerProcess, clients: list[Client]
+) -> None:
+    broker.ensure_topic("prices")
+    # The subscription service's part, by hand: a shared durable subscription named `sub1`.
+    shared = Terminus(address="prices", durable=2, expiry_policy="never", capabilities=("shared",))
+    with Client("127.0.0.1", broker.amqp_port) as direct:
+        direct.receiver("prices", name="sub1", source=shared, credit=0).detach()
+    router = routers.start("r1")
+    router.apply(
+        routers.mesh_config(
+            generation=1,
+            addresses={"prices": "topic", "sub1": "subscription"},
+            waypoints={"prices": [_waypoint("b1", broker)], "sub1": [_waypoint("b1", broker)]},
+            topics={"sub1": "prices"},
+        )
+    )
+    client = _connect(router.amqp_port, clients)
+    with pytest.raises(AmqpError) as refused:
+        client.sender("sub1")
+    assert refused.value.condition == Condition(
+        "amqp:not-allowed", "address 'sub1' is a subscription: send to its topic 'prices'"
+    )
+    publisher = client.sender("prices")
+    for n in range(3):
+        assert publisher.send(codec.encode_message(str(n).encode())).outcome is Outcome.ACCEPTED
+    reader = _connect(router.amqp_port, clients).receiver("sub1", credit=10)
+    assert _numbers(reader, 3) == [0, 1, 2]

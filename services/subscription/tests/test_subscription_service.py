@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -302,3 +306,49 @@ def choice_of(identity: int) -> str:
         placement=[("broker-0", "Active"), ("broker-1", "Active")],
         recorded_broker=None,
     )
+
+
+async def test_the_console_script_serves_lookups(
+    config_server: Any, config_stub: config_pb2_grpc.ConfigServiceStub, tmp_path: Path
+) -> None:
+    """`enmasse-subscription` as a real process: it follows the store and answers."""
+    port_file = tmp_path / "subscription.port"
+    command = [
+        str(Path(sys.executable).parent / "enmasse-subscription"),
+        f"--config={config_server.target}",
+        f"--var={tmp_path}",
+        f"--port-file={port_file}",
+    ]
+    with open(tmp_path / "subscription.log", "ab") as log:  # noqa: ASYNC230
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)  # noqa: ASYNC220
+    try:
+        await eventually(lambda: _exists(port_file), what="the port file")
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port_file.read_text().strip()}") as ch:
+            stub = subscription_pb2_grpc.SubscriptionServiceStub(ch)
+            code, message = await refused(stub.Lookup(lookup(1), timeout=10))
+            assert (code, message) == (grpc.StatusCode.NOT_FOUND, "address space 'shop' not found")
+            await config_stub.CreateAddressSpace(
+                resources_pb2.AddressSpace(
+                    metadata=resources_pb2.Metadata(name="shop"),
+                    spec=resources_pb2.AddressSpaceSpec(type="standard", plan="standard-small"),
+                )
+            )
+
+            async def answers() -> bool:
+                try:
+                    listed = await stub.ListSubscriptions(
+                        subscription_pb2.ListSubscriptionsRequest(space="shop"), timeout=10
+                    )
+                except grpc.aio.AioRpcError:
+                    return False  # not known yet: NOT_FOUND
+                return list(listed.subscriptions) == []
+
+            await eventually(answers, what="the new space known to the process")
+        assert process.poll() is None
+    finally:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(10)
+
+
+async def _exists(path: Path) -> bool:
+    return await asyncio.to_thread(path.exists)

@@ -47,15 +47,15 @@ h1 { margin: 1.2rem 0 0.2rem; } h2 { border-bottom: 1px solid #ccc; margin-top: 
 class DashboardData:
     """The rows each chart draws from (columns as in docs/tracing.md)."""
 
-    throughput_space: list[Row] = field(default_factory=list)
-    throughput_address: list[Row] = field(default_factory=list)
-    latency_address: list[Row] = field(default_factory=list)
-    latency_type: list[Row] = field(default_factory=list)
-    hop_latency: list[Row] = field(default_factory=list)
-    errors: list[Row] = field(default_factory=list)
-    top_talkers: list[Row] = field(default_factory=list)
-    address_readiness: list[Row] = field(default_factory=list)
-    rpc_latency: list[Row] = field(default_factory=list)
+    throughput_space: Sequence[Row] = field(default_factory=list)
+    throughput_address: Sequence[Row] = field(default_factory=list)
+    latency_address: Sequence[Row] = field(default_factory=list)
+    latency_type: Sequence[Row] = field(default_factory=list)
+    hop_latency: Sequence[Row] = field(default_factory=list)
+    errors: Sequence[Row] = field(default_factory=list)
+    top_talkers: Sequence[Row] = field(default_factory=list)
+    address_readiness: Sequence[Row] = field(default_factory=list)
+    rpc_latency: Sequence[Row] = field(default_factory=list)
     title: str = "EnMasse tracing dashboard"
     summary: str = ""
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import structlog
 from enmasse.analytics import dashboard, tables
@@ -119,7 +120,7 @@ def run(
     )
 
 
-def rows(frame: DataFrame) -> list[dict[str, object]]:
+def rows(frame: DataFrame) -> list[dict[str, Any]]:
     """A small table as plain dicts; timestamps as UTC text (the session time zone)."""
     columns = [
         F.date_format(f.name, "yyyy-MM-dd HH:mm:ss").alias(f.name)

@@ -8,12 +8,15 @@ deliveries, settlements, refusals with AMQP conditions.
 Why it is built so: the domain (queue, topic, journal) knows nothing of AMQP; this module maps one
 onto the other and does no per-message work beyond that mapping. A producer's delivery is settled
 ACCEPTED when the broker owns it: at once when it lives in memory, or from the journal's group
-commit callback once its record is fsync'd (`Endpoint` schedules one commit per loop turn, so a
-single fsync covers every delivery that arrived in that turn). Producers get credit in windows,
-topped up only while the target has room: at the memory limit they simply wait. Bad input
-(unknown address, anonymous or dynamic targets, undecodable headers) is refused on that link
-alone; the engine already closes connections that send garbage or go silent, and detaches links
-whose message exceeds the size limit (amqp:link:message-size-exceeded).
+commit callback once its record is fsync'd (the `GroupCommitter` thread writes one batch while the
+loop goes on; the next batch holds everything that arrived meanwhile, under ONE fsync). New
+messages are handed to consumers once per loop turn, per queue, not once per message.
+Pre-settled sends are taken at most once: nothing goes back to the producer, and a durable one
+that was not yet fsync'd when the broker died is gone. Producers
+get credit in windows, topped up only while the target has room: at the memory limit they simply
+wait. Bad input (unknown address, anonymous or dynamic targets, undecodable headers) is refused
+on that link alone; the engine already closes connections that send garbage or go silent, and
+detaches links whose message exceeds the size limit (amqp:link:message-size-exceeded).
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ class Endpoint:
         return port
 
     def schedule_commit(self) -> None:
-        """One fsync per loop turn, after every delivery that arrived in it was journaled."""
+        """At the end of this loop turn, hand what was journaled to the writer (if it is idle)."""
         if not self._commit_scheduled:
             self._commit_scheduled = True
             self.engine.call_soon(self._commit)

@@ -161,7 +161,11 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, lambda *_: engine.stop())
     engine.run()
     endpoint.stop()
-    broker.close()
+    try:
+        broker.close()
+    except OSError as exc:
+        log.error("journal not closed cleanly; recovery will replay it", error=str(exc))
+        sys.exit(1)
     log.info("broker stopped")
 
 

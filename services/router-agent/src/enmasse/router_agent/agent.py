@@ -15,6 +15,7 @@ overwritten: the write is refused (ABORTED), the informer brings the new version
 pass writes again on top of it.
 
 Every call has a deadline; a router that does not answer delays only its own addresses' phases.
+Only standard spaces are the agent's: a brokered space has no routers.
 """
 
 from __future__ import annotations
@@ -85,12 +86,14 @@ class RouterAgent:
         self.spaces: dict[str, SpaceRouting] = {}
         self.sessions: dict[str, dict[str, RouterSession]] = {}
         self.passes = 0
+        self.status_writes = 0
         self._wake = asyncio.Event()
         self._last_probe = 0.0
         self._task: asyncio.Task[None] | None = None
         self._status_slots = asyncio.Semaphore(STATUS_WRITES_IN_FLIGHT)
         self._channel: grpc.aio.Channel | None = None
         self._channel_target = ""
+        self._status_tasks: dict[str, asyncio.Task[None]] = {}
 
     # ------------------------------------------------------------ running
 
@@ -106,6 +109,11 @@ class RouterAgent:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        for task in self._status_tasks.values():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._status_tasks.clear()
         await self.informer.stop()
         for sessions in self.sessions.values():
             for session in sessions.values():
@@ -137,7 +145,13 @@ class RouterAgent:
         probe = time.monotonic() - self._last_probe >= self.probe_every
         if probe:
             self._last_probe = time.monotonic()
-        spaces = [object_of(r) for r in self.informer.list("AddressSpace")]
+        # Brokered spaces have no routers: clients talk to their one broker directly, and the
+        # storage-controller reports their addresses' phases.
+        spaces = [
+            space
+            for space in (object_of(r) for r in self.informer.list("AddressSpace"))
+            if space.spec.type != "brokered"
+        ]
         live = {s.metadata.name for s in spaces}
         for gone in [name for name in self.spaces if name not in live]:
             await self._forget(gone)
@@ -181,8 +195,32 @@ class RouterAgent:
             applied=applied,
             routers=routing.routers,
         )
-        await self._write_address_statuses(stub, addresses, phases)
-        await self._write_space_status(stub, space, routing, applied)
+        # Status writes run beside the passes, one batch per space at a time: thousands of them
+        # take the config service seconds, and pushes to routers must not wait behind them.
+        writing = self._status_tasks.get(name)
+        if writing is None or writing.done():
+            self._status_tasks[name] = asyncio.get_running_loop().create_task(
+                self._write_statuses(stub, space, addresses, phases, routing, applied),
+                name=f"status-{name}",
+            )
+
+    async def _write_statuses(
+        self,
+        stub: config_pb2_grpc.ConfigServiceStub,
+        space: resources_pb2.AddressSpace,
+        addresses: list[resources_pb2.Address],
+        phases: dict[str, Readiness],
+        routing: SpaceRouting,
+        applied: dict[str, int],
+    ) -> None:
+        written = 0
+        try:
+            written += await self._write_address_statuses(stub, addresses, phases)
+            written += await self._write_space_status(stub, space, routing, applied)
+        except Exception:
+            log.exception("status writes failed", space=space.metadata.name)
+        if written:
+            self._wake.set()  # what changed meanwhile is written by the next pass
 
     async def _sessions(self, space: str, routers: Iterable[Any]) -> dict[str, RouterSession]:
         sessions = self.sessions.setdefault(space, {})
@@ -224,7 +262,7 @@ class RouterAgent:
         stub: config_pb2_grpc.ConfigServiceStub,
         addresses: list[resources_pb2.Address],
         phases: dict[str, Readiness],
-    ) -> None:
+    ) -> int:
         writes = []
         for address in addresses:
             wanted = phases.get(address.metadata.name)
@@ -234,6 +272,8 @@ class RouterAgent:
             if status != address.status:
                 writes.append(self._write_address(stub, address, status))
         await asyncio.gather(*writes)
+        self.status_writes += len(writes)
+        return len(writes)
 
     async def _write_address(
         self,
@@ -259,7 +299,7 @@ class RouterAgent:
         space: resources_pb2.AddressSpace,
         routing: SpaceRouting,
         applied: dict[str, int],
-    ) -> None:
+    ) -> int:
         verdict = space_readiness(
             generation=routing.generation, applied=applied, routers=routing.routers
         )
@@ -274,7 +314,7 @@ class RouterAgent:
             for r in routing.routers
         )
         if status == space.status:
-            return
+            return 0
         request = config_pb2.UpdateAddressSpaceStatusRequest(
             ref=config_pb2.ObjectRef(name=space.metadata.name),
             status=status,
@@ -285,6 +325,8 @@ class RouterAgent:
             what="address space status",
             name=space.metadata.name,
         )
+        self.status_writes += 1
+        return 1
 
     # ------------------------------------------------------------ what the servicer shows
 

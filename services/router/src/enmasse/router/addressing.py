@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from enmasse.router.config import AddressRoute, Distribution, RouterConfig
 
 DYNAMIC_PREFIX = "_dynamic/"
+SUBSCRIPTION_SEPARATOR = "::"  # the broker's name for a topic's subscription queue
 DYNAMIC = "dynamic"
 
 
@@ -32,6 +33,22 @@ class Resolution:
     def direct(self) -> bool:
         """Routed by the router network itself (no broker)."""
         return self.kind in (Distribution.ANYCAST.value, DYNAMIC)
+
+    @property
+    def broker_address(self) -> str:
+        """The node on the broker: a subscription lives there as `<topic>::<subscription>`."""
+        route = self.route
+        if route is not None and route.distribution is Distribution.SUBSCRIPTION:
+            return f"{route.topic}{SUBSCRIPTION_SEPARATOR}{self.address}"
+        return self.address
+
+    @property
+    def refuses_producers(self) -> str | None:
+        """Why nobody may send to this address (the amqp:not-allowed text), or None."""
+        route = self.route
+        if route is not None and route.distribution is Distribution.SUBSCRIPTION:
+            return f"address '{self.address}' is a subscription: send to its topic '{route.topic}'"
+        return None
 
     @property
     def multicast(self) -> bool:

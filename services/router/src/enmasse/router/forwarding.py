@@ -78,6 +78,7 @@ PRODUCER_WINDOW = 250
 TRANSIT_WINDOW = 1000
 CONTROL_WINDOW = 1000
 REDIAL_SECONDS = (0.1, 0.25, 0.5, 1.0)
+SWEEP_SECONDS = 30.0
 
 BROKER_CONTAINER_ID = "enmasse-router"
 MESH_CONTROL = "_mesh/control"
@@ -121,6 +122,7 @@ class AddressPoint:
     pending: deque[Delivery] = field(default_factory=deque)
     counters: AddressCounters = field(default_factory=AddressCounters)
     multicast_hops: dict[str, list[str]] = field(default_factory=dict)  # origin -> neighbours
+    seen_at_sweep: int = -1  # deliveries_in at the last housekeeping sweep
 
     @property
     def waypoint(self) -> bool:
@@ -319,6 +321,10 @@ class Router:
         except UnknownAddress as error:
             link.refuse(Condition("amqp:not-found", str(error)))
             return
+        refusal = resolution.refuses_producers
+        if refusal is not None:
+            link.refuse(Condition("amqp:not-allowed", refusal))
+            return
         point = self._point(resolution)
         link.context = LinkState(role=Role.PRODUCER, point=point)
         link.accept()
@@ -437,10 +443,15 @@ class Router:
             )
             return
         try:
-            point = self._point(resolve(to, config=self.config))
+            resolution = resolve(to, config=self.config)
         except UnknownAddress as error:
             delivery.settle(Outcome.REJECTED, error=Condition("amqp:not-found", str(error)))
             return
+        refusal = resolution.refuses_producers
+        if refusal is not None:
+            delivery.settle(Outcome.REJECTED, error=Condition("amqp:not-allowed", refusal))
+            return
+        point = self._point(resolution)
         point.counters.deliveries_in += 1
         if point.kind == MULTICAST:
             self._fan_out(point, delivery, origin=self.router_id)
@@ -677,11 +688,12 @@ class Router:
                 continue
             assert session.connection is not None
             source = consumer.source
+            node = point.resolution.broker_address
             feed = session.connection.open_receiver(
-                point.address,
+                node,
                 name=f"{consumer.connection.container_id}/{consumer.name}",
                 source=Terminus(
-                    address=point.address,
+                    address=node,
                     durable=source.durable,
                     expiry_policy=source.expiry_policy,
                     distribution_mode=source.distribution_mode,
@@ -1119,6 +1131,31 @@ class Router:
                     )
                 )
         return infos
+
+    # ------------------------------------------------------------------ housekeeping
+
+    def start_housekeeping(self) -> None:
+        self.engine.call_later(SWEEP_SECONDS, self._sweep)
+
+    def _sweep(self) -> None:
+        """Forgets reply addresses of other routers that saw no traffic for a whole period.
+
+        Replies to a dynamic address elsewhere in the mesh open a link towards its owner; nothing
+        says when the owner's receiver went away, so idle ones are closed here, or every RPC
+        client that ever replied through this router would leave a link behind.
+        """
+        for address, point in list(self.points.items()):
+            if point.kind != DYNAMIC or point.resolution.owner == self.router_id:
+                continue
+            seen = point.counters.deliveries_in
+            busy = point.producers or point.pending or seen != point.seen_at_sweep
+            point.seen_at_sweep = seen
+            if busy or any(link.unsettled for link in point.remote.values()):
+                continue
+            for link in point.remote.values():
+                link.close()
+            del self.points[address]
+        self.engine.call_later(SWEEP_SECONDS, self._sweep)
 
     def close_connection(self, *, connection_id: int, reason: str) -> bool:
         record = self.connections.get(connection_id)

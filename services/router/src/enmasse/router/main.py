@@ -130,6 +130,7 @@ def main(
     if ports_file:
         _write_ports(Path(ports_file), ports)
     log.info("router listening", router=router_id, **ports)
+    router.start_housekeeping()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: engine.stop())
     engine.run()

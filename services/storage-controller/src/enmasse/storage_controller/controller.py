@@ -26,8 +26,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import grpc
 import structlog
@@ -40,12 +41,20 @@ from enmasse.storage_controller.workloads import GitOpsOutput, LocalPorts, rende
 from enmasse.v1 import broker_pb2, broker_pb2_grpc, config_pb2, config_pb2_grpc, resources_pb2
 
 log = structlog.get_logger("enmasse.storage_controller")
+T = TypeVar("T")
 
 KINDS = ("AddressSpacePlan", "AddressPlan", "AddressSpace", "Address")
 RPC_TIMEOUT = 5.0
 PROBE_TIMEOUT = 2.0
 DRAIN_TIMEOUT = 120.0
-ENSURE_CONCURRENCY = 16
+CONCURRENCY = 16
+# A broker that is not up yet is asked again every pass: gRPC's default reconnect back-off
+# (up to two minutes) would hide a broker that just came up.
+CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 PLAN_FIELDS = (
     "persistent",
     "memory_limit_bytes",
@@ -112,6 +121,7 @@ class StorageController:
         self._known: dict[str, dict[str, _Known]] = {}
         self._deletions: dict[str, list[_Known]] = {}
         self._written: dict[tuple[str, str], tuple[bytes, int]] = {}
+        self._held: dict[tuple[str, str], set[str]] = {}  # (space, broker): addresses it had
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._config_channel: grpc.aio.Channel | None = None
         self._task: asyncio.Task[None] | None = None
@@ -218,6 +228,7 @@ class StorageController:
         self.placements.pop(space, None)
         self._known.pop(space, None)
         self._deletions.pop(space, None)
+        self._held = {key: held for key, held in self._held.items() if key[0] != space}
         return True
 
     # ------------------------------------------------------------ rendering
@@ -259,7 +270,7 @@ class StorageController:
     ) -> SpacePass:
         found = SpacePass()
         by_name = {a.metadata.name: a for a in addresses}
-        brokers = [b for b in placement.brokers.values()]
+        brokers = list(placement.brokers.values())
         listings = await asyncio.gather(*(self._list(space, b.id) for b in brokers))
         for broker, listing in zip(brokers, listings, strict=True):
             if listing is not None:
@@ -267,34 +278,55 @@ class StorageController:
         for broker in brokers:
             if broker.state != ACTIVE:
                 continue
+            names = placement.holders(broker.id)
             listing = found.up.get(broker.id)
             if listing is None:
+                # not answering (restarting, or slow): what it held stays held until it answers
+                # otherwise, so a blip does not send thousands of statuses back and forth
                 found.settled = False
-                continue
-            held = {a.name: a for a in listing.addresses}
-            names = placement.holders(broker.id)
-            # topics before subscriptions: a subscription is ready when its topic is
-            names.sort(key=lambda n: by_name[n].spec.type == "subscription")
-            for name in names:
-                address = by_name[name]
-                if await self._ensure_one(space, broker.id, address, by_name, plans, held, found):
-                    found.ready.setdefault(name, set()).add(broker.id)
+                held_before = self._held.get((space, broker.id), set())
+                ready = [n for n in names if n in held_before]
+            else:
+                ready = await self._stock(space, broker.id, names, by_name, plans, listing, found)
+            for name in ready:
+                found.ready.setdefault(name, set()).add(broker.id)
+            self._held[(space, broker.id)] = set(ready)
         return found
+
+    async def _stock(
+        self,
+        space: str,
+        broker_id: str,
+        names: list[str],
+        by_name: dict[str, resources_pb2.Address],
+        plans: dict[str, resources_pb2.AddressPlan],
+        listing: broker_pb2.ListAddressesResponse,
+        found: SpacePass,
+    ) -> list[str]:
+        """Ensures a broker's queues and topics; the names it now holds."""
+        held = {a.name: a for a in listing.addresses}
+        stored = [n for n in names if by_name[n].spec.type != "subscription"]
+        done = await _bounded(
+            self._ensure_one(space, broker_id, by_name[n], plans, held, found) for n in stored
+        )
+        ready = {name for name, ok in zip(stored, done, strict=True) if ok}
+        # a subscription is the subscription service's to create: ready when its topic is
+        for name in names:
+            spec = by_name[name].spec
+            if spec.type == "subscription" and spec.topic in ready:
+                ready.add(name)
+        return sorted(ready)
 
     async def _ensure_one(
         self,
         space: str,
         broker_id: str,
         address: resources_pb2.Address,
-        by_name: dict[str, resources_pb2.Address],
         plans: dict[str, resources_pb2.AddressPlan],
         held: dict[str, broker_pb2.BrokerAddress],
         found: SpacePass,
     ) -> bool:
         spec = address.spec
-        if spec.type == "subscription":
-            topic = by_name.get(spec.topic)
-            return topic is not None and broker_id in found.ready.get(topic.metadata.name, set())
         plan = plans[spec.plan].spec
         have = held.get(spec.address)
         if have is not None and have.kind == spec.type and _same_plan(have.plan, plan):
@@ -345,7 +377,7 @@ class StorageController:
             return None
         channel = self._channels.get(endpoint.admin)
         if channel is None:
-            channel = grpc.aio.insecure_channel(endpoint.admin)
+            channel = grpc.aio.insecure_channel(endpoint.admin, options=CHANNEL_OPTIONS)
             self._channels[endpoint.admin] = channel
         return broker_pb2_grpc.BrokerAdminStub(channel)
 
@@ -493,6 +525,7 @@ class StorageController:
         placement: Placement,
         found: SpacePass,
     ) -> None:
+        changes: list[Coroutine[Any, Any, None]] = []
         for address in addresses:
             if address.spec.type not in BROKERED_TYPES:
                 continue
@@ -503,7 +536,8 @@ class StorageController:
                 refusal=found.refusals.get(address.metadata.name, ""),
             )
             if desired != address.status:
-                await self._write_status(address, desired)
+                changes.append(self._write_status(address, desired))
+        await _bounded(changes)
 
     async def _write_status(
         self, address: resources_pb2.Address, desired: resources_pb2.AddressStatus
@@ -553,8 +587,19 @@ class StorageController:
     def _config_stub(self) -> config_pb2_grpc.ConfigServiceStub:
         if self._config_channel is None:
             target = self.config_target() if callable(self.config_target) else self.config_target
-            self._config_channel = grpc.aio.insecure_channel(target)
+            self._config_channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         return config_pb2_grpc.ConfigServiceStub(self._config_channel)
+
+
+async def _bounded(calls: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
+    """Runs the calls at most CONCURRENCY at a time (thousands of addresses, one RPC each)."""
+    limit = asyncio.Semaphore(CONCURRENCY)
+
+    async def one(call: Coroutine[Any, Any, T]) -> T:
+        async with limit:
+            return await call
+
+    return list(await asyncio.gather(*(one(c) for c in calls)))
 
 
 def _same_plan(have: resources_pb2.AddressPlanSpec, want: resources_pb2.AddressPlanSpec) -> bool:

@@ -3,6 +3,8 @@
 - `engine`: one epoll loop driving many connections; routers, brokers and fast clients build on it.
 - `codec`: encode a message once, read its header / `to` without decoding the body.
 - `client`: blocking senders and receivers on the engine (tests, tools) and bulk runners (benches).
+- `wire`: outcomes, conditions, termini, TLS settings and their proton-c form (attach/open time).
+- `sasl`: SASL PLAIN/ANONYMOUS done by the engine, so a listener checks passwords with our code.
 
 A process on the engine, in short (everything runs on the engine's thread):
 

@@ -46,92 +46,54 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import IntEnum
 from typing import Any
 
 import cproton
 import structlog
 from cproton_ffi import ffi, lib
 from enmasse.common.amqp import codec, sasl
+from enmasse.common.amqp.wire import (
+    OUTCOMES,
+    TERMINAL,
+    Condition,
+    Outcome,
+    Terminus,
+    Tls,
+    client_tls,
+    get_condition,
+    read_data,
+    read_terminus,
+    server_tls_domain,
+    set_condition,
+    string_of,
+    symbols_of,
+    write_open_fields,
+    write_terminus,
+)
+
+__all__ = [  # Outcome, Condition, Terminus and Tls live in `wire`; importable from here too
+    "Condition",
+    "Connection",
+    "ConnectionClosed",
+    "ConnectionHandler",
+    "Delivery",
+    "Engine",
+    "Link",
+    "LinkClosed",
+    "Outcome",
+    "Terminus",
+    "Timer",
+    "Tls",
+]
 
 log = structlog.get_logger("enmasse.amqp")
 
 _NULL = ffi.NULL
 _RECV_CHUNK = 256 * 1024
 _SEND_CHUNK = 256 * 1024
+_READS_PER_WAKEUP = 8
 _MSG_BUFFER = 1024 * 1024
 _LINGER_SECONDS = 2.0
-
-_EXPIRY_NAMES = {
-    lib.PN_EXPIRE_WITH_LINK: "link-detach",
-    lib.PN_EXPIRE_WITH_SESSION: "session-end",
-    lib.PN_EXPIRE_WITH_CONNECTION: "connection-close",
-    lib.PN_EXPIRE_NEVER: "never",
-}
-_EXPIRY_CODES = {v: k for k, v in _EXPIRY_NAMES.items()}
-_DIST_NAMES = {lib.PN_DIST_MODE_COPY: "copy", lib.PN_DIST_MODE_MOVE: "move"}
-_DIST_CODES = {"copy": lib.PN_DIST_MODE_COPY, "move": lib.PN_DIST_MODE_MOVE}
-
-
-class Outcome(IntEnum):
-    """How a delivery ended. NONE: the peer settled without saying (treat as released)."""
-
-    NONE = 0
-    ACCEPTED = lib.PN_ACCEPTED
-    REJECTED = lib.PN_REJECTED
-    RELEASED = lib.PN_RELEASED
-    MODIFIED = lib.PN_MODIFIED
-
-
-_OUTCOMES = {int(o): o for o in Outcome}
-_TERMINAL = frozenset(
-    (lib.PN_ACCEPTED, lib.PN_REJECTED, lib.PN_RELEASED, lib.PN_MODIFIED),
-)
-
-
-@dataclass(frozen=True)
-class Condition:
-    """An AMQP error condition: Condition("amqp:not-found", "no address 'foo' in space 'demo'")."""
-
-    name: str
-    description: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.name}: {self.description}" if self.description else self.name
-
-
-@dataclass
-class Terminus:
-    """A link's source or target, as the attaching side described it.
-
-    durable: 0 none, 1 configuration, 2 unsettled-state. expiry_policy: 'link-detach',
-    'session-end', 'connection-close' or 'never'. distribution_mode: 'copy' (browse / topic
-    subscriber), 'move' (competing consumer) or None. filter: name -> value (described values as
-    proton.Described).
-    """
-
-    address: str | None = None
-    durable: int = 0
-    expiry_policy: str = "session-end"
-    timeout: int = 0
-    dynamic: bool = False
-    distribution_mode: str | None = None
-    capabilities: tuple[str, ...] = ()
-    filter: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class Tls:
-    """TLS for a listener (cert_file + key_file; ca_file too to require client certificates)
-    or for an outgoing connection (ca_file: verify the peer's certificate against it, and with
-    verify_hostname also its name; no ca_file: encrypt without verifying, as for self-signed).
-    """
-
-    cert_file: str | None = None
-    key_file: str | None = None
-    password: str | None = None
-    ca_file: str | None = None
-    verify_hostname: bool = False
 
 
 class ConnectionHandler:
@@ -261,7 +223,7 @@ class Delivery:
             return
         if outcome != _ACCEPTED:
             if outcome == Outcome.REJECTED and error is not None:
-                _set_condition(lib.pn_disposition_condition(lib.pn_delivery_local(ptr)), error)
+                set_condition(lib.pn_disposition_condition(lib.pn_delivery_local(ptr)), error)
             elif outcome == Outcome.MODIFIED:
                 local = lib.pn_delivery_local(ptr)
                 lib.pn_disposition_set_failed(local, delivery_failed)
@@ -323,11 +285,11 @@ class Link:
         self._handler = connection.handler
         self._max_message_size = connection._max_message_size if not self.is_sender else 0
         if peer_initiated:
-            self.source = _read_terminus(lib.pn_link_remote_source(ptr))
-            self.target = _read_terminus(lib.pn_link_remote_target(ptr))
+            self.source = read_terminus(lib.pn_link_remote_source(ptr))
+            self.target = read_terminus(lib.pn_link_remote_target(ptr))
         else:
-            self.source = _read_terminus(lib.pn_link_source(ptr))
-            self.target = _read_terminus(lib.pn_link_target(ptr))
+            self.source = read_terminus(lib.pn_link_source(ptr))
+            self.target = read_terminus(lib.pn_link_target(ptr))
         self.address: str | None = self.source.address if self.is_sender else self.target.address
 
     @property
@@ -418,7 +380,7 @@ class Link:
             lib.pn_terminus_copy(lib.pn_link_source(ptr), lib.pn_link_remote_source(ptr))
             lib.pn_terminus_set_type(lib.pn_link_target(ptr), lib.PN_UNSPECIFIED)
         lib.pn_link_open(ptr)
-        _set_condition(lib.pn_link_condition(ptr), error)
+        set_condition(lib.pn_link_condition(ptr), error)
         lib.pn_link_close(ptr)
         self.connection._touch()
 
@@ -477,7 +439,7 @@ class Link:
             return
         self._receiving = False
         if error is not None:
-            _set_condition(lib.pn_link_condition(ptr), error)
+            set_condition(lib.pn_link_condition(ptr), error)
         if close:
             lib.pn_link_close(ptr)
         else:
@@ -568,20 +530,20 @@ class Connection:
         """The properties map of the peer's open frame (keys as str)."""
         if self._finalized:
             return {}
-        found = _read_data(lib.pn_connection_remote_properties(self._ptr))
+        found = read_data(lib.pn_connection_remote_properties(self._ptr))
         return {str(k): v for k, v in found.items()} if isinstance(found, dict) else {}
 
     @property
     def remote_offered_capabilities(self) -> tuple[str, ...]:
         if self._finalized:
             return ()
-        return _symbols(_read_data(lib.pn_connection_remote_offered_capabilities(self._ptr)))
+        return symbols_of(read_data(lib.pn_connection_remote_offered_capabilities(self._ptr)))
 
     @property
     def remote_desired_capabilities(self) -> tuple[str, ...]:
         if self._finalized:
             return ()
-        return _symbols(_read_data(lib.pn_connection_remote_desired_capabilities(self._ptr)))
+        return symbols_of(read_data(lib.pn_connection_remote_desired_capabilities(self._ptr)))
 
     @property
     def links(self) -> list[Link]:
@@ -597,7 +559,7 @@ class Connection:
     ) -> Link:
         """Attaches a link we send on to `address` (None: anonymous relay, per-message `to`)."""
         ptr = lib.pn_sender(self._ensure_session(), self._link_name(name, address))
-        _write_terminus(lib.pn_link_target(ptr), target or Terminus(address=address))
+        write_terminus(lib.pn_link_target(ptr), target or Terminus(address=address))
         lib.pn_terminus_set_address(lib.pn_link_source(ptr), self.engine.container_id.encode())
         if settled:
             lib.pn_link_set_snd_settle_mode(ptr, lib.PN_SND_SETTLED)
@@ -613,7 +575,7 @@ class Connection:
     ) -> Link:
         """Attaches a link we receive on from `address` (source.dynamic asks for a new node)."""
         ptr = lib.pn_receiver(self._ensure_session(), self._link_name(name, address))
-        _write_terminus(lib.pn_link_source(ptr), source or Terminus(address=address))
+        write_terminus(lib.pn_link_source(ptr), source or Terminus(address=address))
         lib.pn_terminus_set_address(lib.pn_link_target(ptr), self.engine.container_id.encode())
         link = self._open_link(ptr)
         if credit:
@@ -625,7 +587,7 @@ class Connection:
         if self._finalized or lib.pn_connection_state(self._ptr) & lib.PN_LOCAL_CLOSED:
             return
         if error is not None:
-            _set_condition(lib.pn_connection_condition(self._ptr), error)
+            set_condition(lib.pn_connection_condition(self._ptr), error)
         if not lib.pn_connection_state(self._ptr) & lib.PN_LOCAL_ACTIVE:
             lib.pn_connection_open(self._ptr)
         lib.pn_connection_close(self._ptr)
@@ -779,7 +741,7 @@ class Engine:
         if tls is not None and authenticator is not None:
             # Our SASL layer reads the socket's bytes, which under TLS are ciphertext.
             raise ValueError("authenticator and tls cannot be combined yet: use one or the other")
-        tls_domain = _server_tls_domain(tls) if tls is not None else None
+        tls_domain = server_tls_domain(tls) if tls is not None else None
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
@@ -852,7 +814,7 @@ class Engine:
         if idle_timeout:
             lib.pn_transport_set_idle_timeout(t, int(idle_timeout * 1000))
         if tls is not None:
-            _client_tls(t, tls, hostname or host)
+            client_tls(t, tls, hostname or host)
         sasl = lib.pn_sasl(t)
         if user is not None:
             lib.pn_connection_set_user(c, user.encode())
@@ -863,7 +825,7 @@ class Engine:
             lib.pn_sasl_allowed_mechs(sasl, b"ANONYMOUS")
         lib.pn_connection_set_container(c, (container_id or self.container_id).encode())
         lib.pn_connection_set_hostname(c, (hostname or host).encode())
-        _write_open_fields(
+        write_open_fields(
             c, properties=properties, offered=offered_capabilities, desired=desired_capabilities
         )
         self._attach(conn)
@@ -1068,7 +1030,7 @@ class Engine:
             lib.pn_sasl_allowed_mechs(pn_sasl, listener.sasl_mechanisms.encode())
             lib.pn_sasl_set_allow_insecure_mechs(pn_sasl, True)
         lib.pn_connection_set_container(conn._ptr, self.container_id.encode())
-        _write_open_fields(
+        write_open_fields(
             conn._ptr,
             properties=listener.properties,
             offered=listener.offered_capabilities,
@@ -1126,28 +1088,35 @@ class Engine:
 
     def _read(self, conn: Connection) -> None:
         t = conn._transport
-        capacity = lib.pn_transport_capacity(t)
-        if capacity < 0:
+        if lib.pn_transport_capacity(t) < 0:
             self._epoll.modify(conn._fd, select.EPOLLOUT if conn._want_write else 0)
             self._dirty.add(conn)
             return
-        if capacity == 0:
-            return
         sock = conn._sock
         assert sock is not None
-        try:
-            got = sock.recv_into(self._inview, min(capacity, _RECV_CHUNK))
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as err:
-            conn._io_error = Condition("proton:io", f"connection to {conn.peer} lost: {err}")
-            got = 0
-        if got and conn._sasl is not None:
-            self._sasl_step(conn, bytes(self._inview[:got]))
-        elif got:
-            lib.pn_transport_push(t, self._inbuf, got)
-        else:
-            lib.pn_transport_close_tail(t)
+        # proton takes at most a frame or so per push: read on while the socket has more, so a
+        # large message is not one loop turn per frame (bounded, for fairness between peers).
+        for _ in range(_READS_PER_WAKEUP):
+            capacity = lib.pn_transport_capacity(t)
+            if capacity <= 0:
+                break
+            wanted = min(capacity, _RECV_CHUNK)
+            try:
+                got = sock.recv_into(self._inview, wanted)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as err:
+                conn._io_error = Condition("proton:io", f"connection to {conn.peer} lost: {err}")
+                got = 0
+            if got and conn._sasl is not None:
+                self._sasl_step(conn, bytes(self._inview[:got]))
+            elif got:
+                lib.pn_transport_push(t, self._inbuf, got)
+            else:
+                lib.pn_transport_close_tail(t)
+                break
+            if got < wanted:
+                break
         self._process_events()
         self._dirty.add(conn)
 
@@ -1361,11 +1330,11 @@ class Engine:
         state = _pn_delivery_remote_state(dptr)
         if state == _PN_ACCEPTED:
             outcome = _ACCEPTED
-        elif state in _TERMINAL or _pn_delivery_settled(dptr):
-            outcome = _OUTCOMES.get(state, Outcome.NONE)
+        elif state in TERMINAL or _pn_delivery_settled(dptr):
+            outcome = OUTCOMES.get(state, Outcome.NONE)
             remote = lib.pn_delivery_remote(dptr)
             if state == lib.PN_REJECTED:
-                delivery.error = _get_condition(lib.pn_disposition_condition(remote))
+                delivery.error = get_condition(lib.pn_disposition_condition(remote))
             elif state == lib.PN_MODIFIED:
                 delivery.delivery_failed = bool(lib.pn_disposition_is_failed(remote))
                 delivery.undeliverable_here = bool(lib.pn_disposition_is_undeliverable(remote))
@@ -1403,13 +1372,13 @@ class Engine:
         elif kind == _PN_CONNECTION_REMOTE_OPEN:
             self._on_connection_remote_open(conn)
         elif kind == _PN_CONNECTION_REMOTE_CLOSE:
-            error = _get_condition(lib.pn_connection_remote_condition(conn._ptr))
+            error = get_condition(lib.pn_connection_remote_condition(conn._ptr))
             if not lib.pn_connection_state(conn._ptr) & lib.PN_LOCAL_CLOSED:
                 lib.pn_connection_close(conn._ptr)
             conn._touch()
             self._report_closed(conn, error)
         elif kind == _PN_TRANSPORT_ERROR:
-            error = conn._io_error or _get_condition(lib.pn_transport_condition(conn._transport))
+            error = conn._io_error or get_condition(lib.pn_transport_condition(conn._transport))
             self._report_closed(conn, error)
         elif kind == _PN_TRANSPORT_CLOSED:
             conn._touch()
@@ -1421,8 +1390,8 @@ class Engine:
         if conn._open_timer is not None:
             conn._open_timer.cancel()
             conn._open_timer = None
-        conn.container_id = _string(lib.pn_connection_remote_container(c))
-        conn.remote_hostname = _string(lib.pn_connection_remote_hostname(c))
+        conn.container_id = string_of(lib.pn_connection_remote_container(c))
+        conn.remote_hostname = string_of(lib.pn_connection_remote_hostname(c))
         if conn.incoming and lib.pn_connection_state(c) & lib.PN_LOCAL_UNINIT:
             lib.pn_connection_open(c)
         self._schedule_tick(conn)  # the peer's idle timeout is known now
@@ -1449,10 +1418,10 @@ class Engine:
         if lib.pn_terminus_get_type(remote) == lib.PN_UNSPECIFIED:
             return
         if link.is_receiver:
-            link.source = _read_terminus(remote)
+            link.source = read_terminus(remote)
         else:
-            link.target = _read_terminus(remote)
-        dynamic_address = _string(lib.pn_terminus_get_address(remote))
+            link.target = read_terminus(remote)
+        dynamic_address = string_of(lib.pn_terminus_get_address(remote))
         if dynamic_address is not None:
             link.address = dynamic_address
         conn.handler.on_link_open(link)
@@ -1461,7 +1430,7 @@ class Engine:
         lptr = link._ptr
         if lptr is None:
             return
-        error = _get_condition(lib.pn_link_remote_condition(lptr))
+        error = get_condition(lib.pn_link_remote_condition(lptr))
         if not lib.pn_link_state(lptr) & lib.PN_LOCAL_CLOSED:
             if closed:
                 lib.pn_link_close(lptr)
@@ -1505,7 +1474,7 @@ class Engine:
         if not conn._reported:
             error = conn._io_error
             if error is None:
-                error = _get_condition(lib.pn_transport_condition(conn._transport))
+                error = get_condition(lib.pn_transport_condition(conn._transport))
             self._guarded(lambda: self._report_closed(conn, error))
         conn._finalized = True
         for timer in (conn._tick_timer, conn._open_timer, conn._linger_timer):
@@ -1560,137 +1529,6 @@ _ENDPOINT_EVENTS = frozenset(
         _PN_TRANSPORT_CLOSED,
     )
 )
-
-
-# -- small conversions between proton-c structures and Python values (attach time, not hot) --
-
-
-def _string(raw: Any) -> str | None:
-    return ffi.string(raw).decode() if raw != _NULL else None
-
-
-def _set_condition(cond: Any, error: Condition) -> None:
-    lib.pn_condition_set_name(cond, error.name.encode())
-    lib.pn_condition_set_description(cond, error.description.encode())
-
-
-def _get_condition(cond: Any) -> Condition | None:
-    if cond == _NULL or not lib.pn_condition_is_set(cond):
-        return None
-    name = _string(lib.pn_condition_get_name(cond)) or ""
-    return Condition(name, _string(lib.pn_condition_get_description(cond)) or "")
-
-
-def _read_data(ptr: Any) -> Any:
-    from proton import Data
-
-    data = Data(ptr)
-    data.rewind()
-    if data.next() is None:
-        return None
-    return data.get_object()
-
-
-def _server_tls_domain(tls: Tls) -> Any:
-    if not (tls.cert_file and tls.key_file):
-        raise ValueError("a TLS listener needs cert_file and key_file")
-    domain = lib.pn_ssl_domain(lib.PN_SSL_MODE_SERVER)
-    if cproton.pn_ssl_domain_set_credentials(domain, tls.cert_file, tls.key_file, tls.password):
-        lib.pn_ssl_domain_free(domain)
-        raise ValueError(f"cannot load TLS certificate {tls.cert_file} / key {tls.key_file}")
-    if tls.ca_file:
-        cproton.pn_ssl_domain_set_trusted_ca_db(domain, tls.ca_file)
-        cproton.pn_ssl_domain_set_peer_authentication(domain, lib.PN_SSL_VERIFY_PEER, tls.ca_file)
-    return domain
-
-
-def _client_tls(transport: Any, tls: Tls, hostname: str) -> None:
-    domain = lib.pn_ssl_domain(lib.PN_SSL_MODE_CLIENT)
-    try:
-        if tls.cert_file and tls.key_file:
-            cproton.pn_ssl_domain_set_credentials(domain, tls.cert_file, tls.key_file, tls.password)
-        if tls.ca_file:
-            if cproton.pn_ssl_domain_set_trusted_ca_db(domain, tls.ca_file):
-                raise ValueError(f"cannot load CA file {tls.ca_file}")
-            mode = lib.PN_SSL_VERIFY_PEER_NAME if tls.verify_hostname else lib.PN_SSL_VERIFY_PEER
-            cproton.pn_ssl_domain_set_peer_authentication(domain, mode, None)
-        else:
-            cproton.pn_ssl_domain_set_peer_authentication(domain, lib.PN_SSL_ANONYMOUS_PEER, None)
-        ssl = lib.pn_ssl(transport)
-        cproton.pn_ssl_init(ssl, domain, None)
-        cproton.pn_ssl_set_peer_hostname(ssl, hostname)
-    finally:
-        lib.pn_ssl_domain_free(domain)  # the transport holds its own reference
-
-
-def _symbols(found: Any) -> tuple[str, ...]:
-    """A capabilities field (one symbol or an array of them) as a tuple of str."""
-    if found is None:
-        return ()
-    if isinstance(found, str):
-        return (str(found),)
-    return tuple(str(c) for c in getattr(found, "elements", found))
-
-
-def _put_symbols(ptr: Any, values: tuple[str, ...]) -> None:
-    from proton import Array, Data, symbol
-    from proton._data import UNDESCRIBED
-
-    symbols = (symbol(c) for c in values)
-    Data(ptr).put_object(Array(UNDESCRIBED, Data.SYMBOL, *symbols))  # type: ignore[arg-type]
-
-
-def _write_open_fields(
-    conn: Any,
-    *,
-    properties: dict[str, Any] | None,
-    offered: tuple[str, ...],
-    desired: tuple[str, ...],
-) -> None:
-    from proton import Data, symbol
-
-    if properties:
-        Data(lib.pn_connection_properties(conn)).put_object(
-            {symbol(k): v for k, v in properties.items()}
-        )
-    if offered:
-        _put_symbols(lib.pn_connection_offered_capabilities(conn), offered)
-    if desired:
-        _put_symbols(lib.pn_connection_desired_capabilities(conn), desired)
-
-
-def _read_terminus(ptr: Any) -> Terminus:
-    capabilities = _symbols(_read_data(lib.pn_terminus_capabilities(ptr)))
-    flt = _read_data(lib.pn_terminus_filter(ptr))
-    return Terminus(
-        address=_string(lib.pn_terminus_get_address(ptr)),
-        durable=lib.pn_terminus_get_durability(ptr),
-        expiry_policy=_EXPIRY_NAMES.get(lib.pn_terminus_get_expiry_policy(ptr), "session-end"),
-        timeout=lib.pn_terminus_get_timeout(ptr),
-        dynamic=bool(lib.pn_terminus_is_dynamic(ptr)),
-        distribution_mode=_DIST_NAMES.get(lib.pn_terminus_get_distribution_mode(ptr)),
-        capabilities=capabilities,
-        filter={str(k): v for k, v in flt.items()} if isinstance(flt, dict) else None,
-    )
-
-
-def _write_terminus(ptr: Any, terminus: Terminus) -> None:
-    from proton import Data, symbol
-
-    if terminus.address is not None:
-        lib.pn_terminus_set_address(ptr, terminus.address.encode())
-    lib.pn_terminus_set_durability(ptr, terminus.durable)
-    lib.pn_terminus_set_expiry_policy(ptr, _EXPIRY_CODES[terminus.expiry_policy])
-    lib.pn_terminus_set_timeout(ptr, terminus.timeout)
-    lib.pn_terminus_set_dynamic(ptr, terminus.dynamic)
-    if terminus.distribution_mode is not None:
-        lib.pn_terminus_set_distribution_mode(ptr, _DIST_CODES[terminus.distribution_mode])
-    if terminus.capabilities:
-        _put_symbols(lib.pn_terminus_capabilities(ptr), terminus.capabilities)
-    if terminus.filter:
-        Data(lib.pn_terminus_filter(ptr)).put_object(
-            {symbol(k): v for k, v in terminus.filter.items()}
-        )
 
 
 # Hot-path aliases: a module global is found faster than an attribute of the cffi lib.

@@ -1,0 +1,128 @@
+"""What Address statuses say about placement, and the placement read back from them (no network)."""
+
+from __future__ import annotations
+
+from enmasse.storage_controller.placement import DRAINING, Broker, Placement
+from enmasse.storage_controller.statuses import address_status, recorded_placement
+from enmasse.storage_controller.workloads import BrokerWorkload, LocalPorts
+from enmasse.v1 import resources_pb2
+
+PLACEMENT = Placement(
+    "shop",
+    brokers={
+        "shop-broker-0": Broker("shop-broker-0", pooled=True),
+        "shop-broker-1": Broker("shop-broker-1", pooled=True, state=DRAINING),
+        "shop-events-0": Broker("shop-events-0", pooled=False, owner="events"),
+        "shop-events-1": Broker("shop-events-1", pooled=False, owner="events"),
+    },
+    addresses={
+        "orders": ("shop-broker-0",),
+        "moved": ("shop-broker-0",),
+        "events": ("shop-events-0", "shop-events-1"),
+    },
+    moves={"moved": ("shop-broker-1",)},
+    pending={"late": "quota exceeded: no room"},
+)
+
+
+def address(
+    name: str, *, status: resources_pb2.AddressStatus | None = None
+) -> resources_pb2.Address:
+    return resources_pb2.Address(
+        metadata={"name": name, "space": "shop", "generation": 3},
+        spec={"address": name, "type": "queue", "plan": "p"},
+        status=status,
+    )
+
+
+def summary(status: resources_pb2.AddressStatus) -> tuple[str, list[str], list[tuple[str, str]]]:
+    return (
+        status.status.phase,
+        list(status.status.messages),
+        [(b.broker, b.state) for b in status.brokers],
+    )
+
+
+def test_a_placed_address_waits_for_its_broker_then_says_it_is_ready() -> None:
+    waiting = address_status(address=address("orders"), placement=PLACEMENT, ready=set())
+    assert summary(waiting) == (
+        "Configuring",
+        ["placed on broker shop-broker-0", "waiting for broker: shop-broker-0"],
+        [("shop-broker-0", "Active")],
+    )
+    assert waiting.status.observed_generation == 3
+    ready = address_status(address=address("orders"), placement=PLACEMENT, ready={"shop-broker-0"})
+    assert summary(ready)[1] == ["placed on broker shop-broker-0", "broker ready: shop-broker-0"]
+
+
+def test_a_sharded_address_is_ready_only_when_every_shard_has_it() -> None:
+    status = address_status(address=address("events"), placement=PLACEMENT, ready={"shop-events-0"})
+    assert summary(status)[1] == [
+        "placed on brokers shop-events-0, shop-events-1",
+        "waiting for broker: shop-events-1",
+    ]
+
+
+def test_a_moving_address_lists_the_broker_it_is_leaving_as_draining() -> None:
+    status = address_status(address=address("moved"), placement=PLACEMENT, ready={"shop-broker-0"})
+    assert summary(status) == (
+        "Configuring",
+        [
+            "placed on broker shop-broker-0",
+            "broker ready: shop-broker-0",
+            "draining from broker: shop-broker-1",
+        ],
+        [("shop-broker-0", "Active"), ("shop-broker-1", "Draining")],
+    )
+
+
+def test_pending_and_refused_addresses_say_why() -> None:
+    pending = address_status(address=address("late"), placement=PLACEMENT, ready=set())
+    assert summary(pending) == ("Pending", ["quota exceeded: no room"], [])
+    refused = address_status(
+        address=address("orders"),
+        placement=PLACEMENT,
+        ready=set(),
+        refusal="broker shop-broker-0 refused queue 'orders': bad name",
+    )
+    assert summary(refused)[:2] == (
+        "Failed",
+        ["broker shop-broker-0 refused queue 'orders': bad name"],
+    )
+
+
+def test_an_active_address_whose_placement_holds_is_left_to_the_router_agent() -> None:
+    active = resources_pb2.AddressStatus(
+        status={"phase": "Active", "messages": ["routed by 2 routers"], "observed_generation": 3},
+        brokers=[{"broker": "shop-broker-0", "state": "Active"}],
+    )
+    status = address_status(
+        address=address("orders", status=active), placement=PLACEMENT, ready={"shop-broker-0"}
+    )
+    assert status == active
+    # but a placement that changed takes it back to Configuring
+    moved = address_status(
+        address=address("moved", status=active), placement=PLACEMENT, ready={"shop-broker-0"}
+    )
+    assert moved.status.phase == "Configuring"
+
+
+def test_the_placement_is_rebuilt_from_rendered_brokers_and_written_statuses() -> None:
+    workloads = {
+        b.id: BrokerWorkload(space="shop", broker=b, ports=LocalPorts(1, 2))
+        for b in PLACEMENT.brokers.values()
+    }
+    addresses = [
+        address(
+            name, status=address_status(address=address(name), placement=PLACEMENT, ready=set())
+        )
+        for name in ("orders", "moved", "events", "late")
+    ]
+    rebuilt = recorded_placement(space="shop", workloads=workloads, addresses=addresses)
+    assert rebuilt.brokers == PLACEMENT.brokers
+    assert rebuilt.addresses == PLACEMENT.addresses
+    assert rebuilt.moves == PLACEMENT.moves
+    # a broker whose file is gone is forgotten, with the addresses on it
+    del workloads["shop-broker-0"]
+    partial = recorded_placement(space="shop", workloads=workloads, addresses=addresses)
+    assert "orders" not in partial.addresses
