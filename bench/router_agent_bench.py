@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import statistics
@@ -38,6 +37,7 @@ import grpc
 from enmasse.common.amqp import codec
 from enmasse.common.amqp.client import AmqpError, Client
 from enmasse.common.validation import resource_of
+from enmasse.router_agent.directory import write_ports
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2, router_pb2
 
 from bench.harness import Context, Table, suite
@@ -134,23 +134,15 @@ async def run(args: argparse.Namespace, tmp: Path) -> list[tuple[str, object]]:
     try:
         config.start()
         r0, r1 = fleet.start("r0"), fleet.start("r1")
-        run_dir = tmp / "run"
-        run_dir.mkdir()
-        (run_dir / "routers.json").write_text(
-            json.dumps(
+        for router in (r0, r1):  # what the runtime's routers do: their ports files
+            write_ports(
+                tmp / "routers" / SPACE / router.router_id / "ports.json",
                 {
-                    SPACE: [
-                        {
-                            "router_id": r.router_id,
-                            "admin_port": r.admin_port,
-                            "amqp_port": r.amqp_port,
-                            "inter_router_port": r.inter_router_port,
-                        }
-                        for r in (r0, r1)
-                    ]
-                }
+                    "amqp": router.amqp_port,
+                    "inter_router": router.inter_router_port,
+                    "admin": router.admin_port,
+                },
             )
-        )
         agent = start_agent(config=config.target, var=tmp)
         async with grpc.aio.insecure_channel(config.target, options=CHANNEL_OPTIONS) as channel:
             stub = config_pb2_grpc.ConfigServiceStub(channel)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from enmasse.analytics import job
+from enmasse.analytics import dashboard, job
 
 pytestmark = pytest.mark.slow
 
@@ -158,3 +158,12 @@ def test_enmasse_analytics_without_span_files_says_so(tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert f"Error: no span files (*.jsonl, *.json) in {tmp_path / 'none'}" in done.stderr
+
+
+def test_empty_tables_render_sentences_not_empty_charts() -> None:
+    page = dashboard.render(dashboard.DashboardData(summary="0 spans"))
+    assert page.charts == 0
+    assert '<div class="chart">' not in page.html
+    assert "<b>Messages sent per second, per address space</b>: no sampled sends" in page.html
+    assert "<b>Errors and rejections by condition</b>: no errors or rejections" in page.html
+    assert "Address space" not in page.html  # no space, no per-space section

@@ -458,3 +458,33 @@ def test_shutdown_closes_connections_politely(amqp_client):
     assert not thread.is_alive()
     assert [c.closed_with.result(5) for c in clients] == [going_away] * 3
     assert closed == [None] * 3  # our own close, answered by each client
+
+
+def test_thousands_settled_in_random_order_each_get_their_own_outcome(amqp_listener, amqp_client):
+    import random
+
+    held: list[Delivery] = []
+    kinds = [Outcome.ACCEPTED, Outcome.RELEASED, Outcome.REJECTED, Outcome.MODIFIED]
+
+    class Shuffler(ConnectionHandler):
+        def on_link_attach(self, link: Link) -> None:
+            link.accept()
+            link.flow(3000)
+
+        def on_message(self, link: Link, delivery: Delivery) -> None:
+            held.append(delivery)
+
+    engine, port = amqp_listener(Shuffler)
+    sender = amqp_client(port).sender("q")
+    futures = [sender.send_async(codec.encode_message(str(i).encode())) for i in range(2000)]
+    assert wait_for(lambda: len(held) == 2000, timeout=30)
+
+    def settle_shuffled() -> None:
+        order = list(held)
+        random.Random(7).shuffle(order)
+        for delivery in order:
+            delivery.settle(kinds[int(codec.read_body(delivery.payload)) % 4])
+
+    engine.call_soon_threadsafe(settle_shuffled)
+    outcomes = [f.result(30).outcome for f in futures]
+    assert outcomes == [kinds[i % 4] for i in range(2000)]

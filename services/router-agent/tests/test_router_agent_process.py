@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 import pytest
-from enmasse.router_agent.directory import write_endpoints
+from enmasse.router_agent.directory import write_ports
 from enmasse.v1 import (
     config_pb2,
     config_pb2_grpc,
@@ -112,17 +112,12 @@ async def test_a_killed_agent_converges_after_restart(
     tmp_path: Path,
 ) -> None:
     router = routers.start("r0")
-    write_endpoints(
-        tmp_path / "run" / "routers.json",
+    write_ports(
+        tmp_path / "routers/shop/r0/ports.json",
         {
-            "shop": [
-                {
-                    "router_id": "r0",
-                    "admin_port": router.admin_port,
-                    "amqp_port": router.amqp_port,
-                    "inter_router_port": router.inter_router_port,
-                }
-            ]
+            "amqp": router.amqp_port,
+            "inter_router": router.inter_router_port,
+            "admin": router.admin_port,
         },
     )
     first = AgentProcess(config=config_server.target, var=tmp_path)
@@ -172,3 +167,86 @@ async def test_a_killed_agent_converges_after_restart(
     )
     assert second.process is not None
     assert second.process.poll() is None  # still serving
+
+
+async def test_the_agent_rides_out_config_and_etcd_crashes(
+    fresh_etcd: Any,
+    etcd_prefix: str,
+    config_process_factory: Any,
+    routers: RouterFleet,
+    tmp_path: Path,
+) -> None:
+    """SIGKILL the config service mid-change, then etcd: the agent (in this process) follows the
+    store again after each restart and every address ends Active on the router."""
+    from enmasse.router_agent.agent import RouterAgent
+    from enmasse.router_agent.directory import PortsTreeBrokers, PortsTreeRouters
+
+    config = config_process_factory(etcd_endpoint=fresh_etcd.endpoint, prefix=etcd_prefix)
+    router = routers.start("r0")
+    write_ports(
+        tmp_path / "routers/shop/r0/ports.json",
+        {
+            "amqp": router.amqp_port,
+            "inter_router": router.inter_router_port,
+            "admin": router.admin_port,
+        },
+    )
+    agent = RouterAgent(
+        config_target=config.target,
+        routers=PortsTreeRouters(tmp_path / "routers"),
+        brokers=PortsTreeBrokers(tmp_path / "brokers"),
+        tick=0.1,
+    )
+    agent.start()
+    channel = grpc.aio.insecure_channel(config.target)
+    stub = config_pb2_grpc.ConfigServiceStub(channel)
+    try:
+        await stub.CreateAddressSpace(
+            resources_pb2.AddressSpace(
+                metadata=resources_pb2.Metadata(name="shop"),
+                spec=resources_pb2.AddressSpaceSpec(type="standard", plan="standard-small"),
+            ),
+            timeout=10,
+        )
+        first = {f"a{i}" for i in range(5)}
+        for name in sorted(first):
+            await stub.CreateAddress(anycast(name), timeout=10)
+        await all_active(stub, first)
+
+        more = {f"b{i}" for i in range(10)}
+        for name in sorted(more):
+            await stub.CreateAddress(anycast(name), timeout=10)
+        config.kill()  # the agent's watch breaks in the middle of the change
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(config.start)
+        await all_active(stub, first | more)
+
+        fresh_etcd.kill()
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(fresh_etcd.start)
+        last = {f"c{i}" for i in range(5)}
+        for name in sorted(last):
+            await created_when_possible(stub, anycast(name))
+        await all_active(stub, first | more | last)
+        running = router.admin().GetConfig(router_pb2.GetConfigRequest(), timeout=5)
+        assert sorted(a.address for a in running.addresses) == sorted(first | more | last)
+    finally:
+        await channel.close()
+        await agent.stop()
+
+
+async def created_when_possible(
+    stub: config_pb2_grpc.ConfigServiceStub, address: resources_pb2.Address
+) -> None:
+    """CreateAddress, retried (bounded) while the config service finds etcd again."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            await stub.CreateAddress(address, timeout=5)
+            return
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.ALREADY_EXISTS:
+                return  # an earlier try went through after all
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 from enmasse.router_agent.directory import (
     DirectoryError,
-    FileRouterDirectory,
-    parse_brokers,
-    parse_routers,
-    write_endpoints,
+    PortsTreeBrokers,
+    PortsTreeRouters,
+    broker_of,
+    router_of,
+    write_ports,
 )
 from enmasse.router_agent.routing import (
     BrokerEndpoint,
@@ -24,6 +24,7 @@ from enmasse.router_agent.routing import (
     readiness,
     router_config,
     space_readiness,
+    status_to_write,
 )
 from enmasse.v1 import resources_pb2
 
@@ -136,7 +137,7 @@ def test_stored_addresses_without_placement_are_held_back_with_the_reason() -> N
     assert sorted(routes) == ["news", "orders-rr"]
     assert held == {
         "orders": "waiting for a broker placement",
-        "jobs": "waiting for broker broker-9 to run",
+        "jobs": "no known endpoint yet for broker broker-9",
     }
 
 
@@ -230,48 +231,133 @@ def test_no_router_means_no_address_is_active() -> None:
     )
 
 
-# ---------------------------------------------------------------- the directory files
+# ------------------------------------------------------- status, shared with the storage-controller
 
 
-def test_endpoint_files_parse_and_bad_ones_are_refused_precisely() -> None:
-    routers = parse_routers(
-        {
-            "shop": [
-                {
-                    "router_id": "r0",
-                    "host": "127.0.0.1",
-                    "admin_port": 1,
-                    "amqp_port": 2,
-                    "inter_router_port": 3,
-                }
-            ]
-        }
+def test_direct_addresses_get_the_agents_phase_and_reason() -> None:
+    calls = address("calls", "anycast")
+    status = status_to_write(calls, Readiness("Configuring", "waiting for router r1"))
+    assert status is not None
+    assert (status.status.phase, list(status.status.messages)) == (
+        "Configuring",
+        ["waiting for router r1"],
     )
-    assert routers["shop"][0].admin == "127.0.0.1:1"
-    brokers = parse_brokers({"shop": [{"name": "broker-0", "amqp_port": 9}]})
-    assert brokers["shop"]["broker-0"].amqp_port == 9
-    with pytest.raises(DirectoryError, match=r"needs 'inter_router_port' in 1\.\.65535"):
-        parse_routers({"shop": [{"router_id": "r0", "admin_port": 1, "amqp_port": 2}]})
-    with pytest.raises(DirectoryError, match="space 'shop' must map to a list of objects"):
-        parse_brokers({"shop": {"name": "broker-0"}})
+    assert status.status.observed_generation == 1
+    calls.status.CopyFrom(status)
+    assert status_to_write(calls, Readiness("Configuring", "waiting for router r1")) is None
+    active = status_to_write(calls, Readiness("Active"))
+    assert active is not None
+    assert (active.status.phase, list(active.status.messages)) == ("Active", [])
 
 
-def test_a_torn_endpoints_file_keeps_the_last_good_content(tmp_path: Path) -> None:
-    path = tmp_path / "routers.json"
-    entry = {
-        "router_id": "r0",
-        "host": "127.0.0.1",
-        "admin_port": 1,
-        "amqp_port": 2,
-        "inter_router_port": 3,
-    }
-    write_endpoints(path, {"shop": [entry]})
-    directory = FileRouterDirectory(path)
-    assert directory.refresh()
-    assert [r.router_id for r in directory.routers("shop")] == ["r0"]
-    path.write_text(json.dumps({"shop": [entry]})[:20])
-    assert not directory.refresh()
-    assert [r.router_id for r in directory.routers("shop")] == ["r0"]
-    path.unlink()
-    assert directory.refresh()
-    assert directory.routers("shop") == []
+def test_stored_addresses_keep_the_storage_controllers_verdict() -> None:
+    quota = address("jobs", "queue", phase="Pending", messages=("quota exceeded",))
+    assert (
+        status_to_write(quota, Readiness("Configuring", "waiting for a broker placement")) is None
+    )
+    waiting = address(
+        "orders",
+        "queue",
+        placed=(("broker-0", "Active"),),
+        phase="Configuring",
+        messages=("placed on broker broker-0", "waiting for broker: broker-0"),
+    )
+    assert status_to_write(waiting, Readiness("Active")) is None  # the broker lacks it yet
+    assert status_to_write(waiting, Readiness("Configuring", "waiting for router r1")) is None
+    ready = address(
+        "orders",
+        "queue",
+        placed=(("broker-0", "Active"),),
+        phase="Configuring",
+        messages=(
+            "waiting for a broker placement",
+            "placed on broker broker-0",
+            "broker ready: broker-0",
+        ),
+    )
+    status = status_to_write(ready, Readiness("Active"))
+    assert status is not None
+    assert (status.status.phase, list(status.status.messages)) == (
+        "Active",
+        ["placed on broker broker-0", "broker ready: broker-0"],
+    )
+    assert [(b.broker, b.state) for b in status.brokers] == [("broker-0", "Active")]
+    unplaced = address("fresh", "queue")
+    first = status_to_write(unplaced, Readiness("Configuring", "waiting for a broker placement"))
+    assert first is not None
+    assert first.status.phase == "Configuring"
+
+
+def test_agent_and_storage_controller_reach_a_fixed_point() -> None:
+    """Each writes what it wants on top of the other's last write: they must stop writing."""
+    from enmasse.storage_controller.placement import Placement
+    from enmasse.storage_controller.statuses import address_status
+
+    placement = Placement(space="shop", addresses={"orders": ("broker-0",)})
+    orders = address("orders", "queue")
+    writes = []
+    for ready in (set(), set(), {"broker-0"}, {"broker-0"}, {"broker-0"}, {"broker-0"}):
+        controller = address_status(address=orders, placement=placement, ready=ready)
+        if controller != orders.status:
+            orders.status.CopyFrom(controller)
+            writes.append(("controller", controller.status.phase))
+        agent = status_to_write(orders, Readiness("Active"))
+        if agent is not None:
+            orders.status.CopyFrom(agent)
+            writes.append(("agent", agent.status.phase))
+    assert writes == [
+        ("controller", "Configuring"),  # placed, broker does not hold it yet
+        ("controller", "Configuring"),  # broker ready
+        ("agent", "Active"),
+    ]
+    assert list(orders.status.status.messages) == [
+        "placed on broker broker-0",
+        "broker ready: broker-0",
+    ]
+
+
+# ---------------------------------------------------------------- the directories
+
+
+def test_ports_files_parse_and_bad_ones_are_refused_precisely() -> None:
+    router = router_of("r0", {"amqp": 2, "inter_router": 3, "admin": 1})
+    assert (router.admin, router.amqp, router.inter_router_port) == (
+        "127.0.0.1:1",
+        "127.0.0.1:2",
+        3,
+    )
+    assert broker_of("broker-0", {"amqp": 9, "admin": 8, "pid": 77}).amqp_port == 9
+    with pytest.raises(DirectoryError, match=r"r0: ports file needs 'inter_router' in 1\.\.65535"):
+        router_of("r0", {"amqp": 2, "admin": 1})
+    with pytest.raises(DirectoryError, match="broker-0: ports file needs 'admin'"):
+        broker_of("broker-0", {"amqp": 9, "admin": 0})
+
+
+def test_the_ports_tree_follows_processes_by_space(tmp_path: Path) -> None:
+    routers = PortsTreeRouters(tmp_path / "routers")
+    brokers = PortsTreeBrokers(tmp_path / "brokers")
+    assert not routers.refresh()
+    assert routers.routers("shop") == []
+    write_ports(tmp_path / "routers/shop/r1/ports.json", {"amqp": 2, "inter_router": 3, "admin": 1})
+    write_ports(tmp_path / "routers/shop/r0/ports.json", {"amqp": 5, "inter_router": 6, "admin": 4})
+    write_ports(tmp_path / "routers/lab/r0/ports.json", {"amqp": 8, "inter_router": 9, "admin": 7})
+    write_ports(tmp_path / "brokers/shop/broker-0/ports.json", {"amqp": 11, "admin": 12})
+    assert routers.refresh()
+    assert brokers.refresh()
+    assert [(r.router_id, r.amqp_port) for r in routers.routers("shop")] == [("r0", 5), ("r1", 2)]
+    assert [r.amqp_port for r in routers.routers("lab")] == [8]
+    assert brokers.brokers("shop")["broker-0"].admin == "127.0.0.1:12"
+    assert not routers.refresh()  # nothing changed
+    # a restarted router rewrites its file with a new admin port
+    write_ports(
+        tmp_path / "routers/shop/r1/ports.json", {"amqp": 2, "inter_router": 3, "admin": 99}
+    )
+    assert routers.refresh()
+    assert [r.admin_port for r in routers.routers("shop")] == [4, 99]
+    # torn: the last good reading stays; gone: the router is gone
+    (tmp_path / "routers/shop/r1/ports.json").write_text('{"amqp": 2, "inter')
+    routers.refresh()
+    assert [r.admin_port for r in routers.routers("shop")] == [4, 99]
+    (tmp_path / "routers/shop/r1/ports.json").unlink()
+    assert routers.refresh()
+    assert [r.router_id for r in routers.routers("shop")] == ["r0"]

@@ -19,11 +19,7 @@ from enmasse.common.amqp import codec
 from enmasse.common.amqp.client import Client
 from enmasse.common.serving import start_server
 from enmasse.router_agent.agent import RouterAgent
-from enmasse.router_agent.directory import (
-    FileBrokerDirectory,
-    FileRouterDirectory,
-    write_endpoints,
-)
+from enmasse.router_agent.directory import PortsTreeBrokers, PortsTreeRouters, write_ports
 from enmasse.router_agent.servicer import SERVICE_NAME, RouterAgentServicer
 from enmasse.v1 import (
     config_pb2,
@@ -40,14 +36,25 @@ pytestmark = pytest.mark.timeout(120)
 Ref = config_pb2.ObjectRef
 
 
-def router_entry(router: RouterProcess) -> dict[str, Any]:
-    return {
-        "router_id": router.router_id,
-        "host": "127.0.0.1",
-        "admin_port": router.admin_port,
-        "amqp_port": router.amqp_port,
-        "inter_router_port": router.inter_router_port,
-    }
+def publish(var: Path, space: str, router: RouterProcess) -> None:
+    """What the runtime's router does: its ports under <var>/routers/<space>/<id>/."""
+    write_ports(
+        var / "routers" / space / router.router_id / "ports.json",
+        {
+            "amqp": router.amqp_port,
+            "inter_router": router.inter_router_port,
+            "admin": router.admin_port,
+        },
+    )
+
+
+def agent_over(config_target: str, var: Path, **options: Any) -> RouterAgent:
+    return RouterAgent(
+        config_target=config_target,
+        routers=PortsTreeRouters(var / "routers"),
+        brokers=PortsTreeBrokers(var / "brokers"),
+        **options,
+    )
 
 
 async def eventually(check: Callable[[], Any], *, what: str, limit: float = 20.0) -> Any:
@@ -71,17 +78,10 @@ async def agent_setup(
 ) -> AsyncIterator[dict[str, Any]]:
     for router_id in ("r0", "r1"):
         routers.start(router_id)
-    routers_file = tmp_path / "run" / "routers.json"
-    brokers_file = tmp_path / "run" / "brokers.json"
-    write_endpoints(routers_file, {"shop": [router_entry(r) for r in routers.routers.values()]})
-    write_endpoints(brokers_file, {"shop": [{"name": "broker-0", "amqp_port": 5999}]})
-    agent = RouterAgent(
-        config_target=config_server.target,
-        routers=FileRouterDirectory(routers_file),
-        brokers=FileBrokerDirectory(brokers_file),
-        tick=0.1,
-        probe_every=0.3,
-    )
+    for router in routers.routers.values():
+        publish(tmp_path, "shop", router)
+    write_ports(tmp_path / "brokers/shop/broker-0/ports.json", {"amqp": 5999, "admin": 5998})
+    agent = agent_over(config_server.target, tmp_path, tick=0.1, probe_every=0.3)
     agent.start()
     running = await start_server(
         registrations=[
@@ -103,7 +103,6 @@ async def agent_setup(
         yield {
             "agent": agent,
             "api": router_agent_pb2_grpc.RouterAgentStub(channel),
-            "routers_file": routers_file,
         }
     finally:
         await channel.close()
@@ -260,13 +259,95 @@ async def test_a_restarted_router_gets_its_configuration_again(
     assert [a.address for a in running.addresses] == ["calls"]
 
 
-async def test_the_agent_api_refuses_bad_requests_precisely(agent_setup: dict[str, Any]) -> None:
-    api = agent_setup["api"]
-    with pytest.raises(grpc.aio.AioRpcError) as empty:
-        await api.GetAddressStats(router_agent_pb2.AddressStatsRequest(), timeout=5)
-    assert empty.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert empty.value.details() == "space: must not be empty"
-    with pytest.raises(grpc.aio.AioRpcError) as unknown:
-        await api.GetTopology(router_agent_pb2.TopologyRequest(space="nowhere"), timeout=5)
-    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
-    assert unknown.value.details() == "address space 'nowhere' not found"
+async def test_the_agent_api_refuses_bad_requests_precisely(tmp_path: Path) -> None:
+    # never started: the API answers from what it knows
+    agent = agent_over("127.0.0.1:1", tmp_path)
+    running = await start_server(
+        registrations=[
+            (
+                router_agent_pb2_grpc.add_RouterAgentServicer_to_server,
+                RouterAgentServicer(agent),
+                SERVICE_NAME,
+            )
+        ]
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            api = router_agent_pb2_grpc.RouterAgentStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as empty:
+                await api.GetAddressStats(router_agent_pb2.AddressStatsRequest(), timeout=5)
+            assert empty.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert empty.value.details() == "space: must not be empty"
+            with pytest.raises(grpc.aio.AioRpcError) as unknown:
+                await api.GetTopology(router_agent_pb2.TopologyRequest(space="nowhere"), timeout=5)
+            assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+            assert unknown.value.details() == "address space 'nowhere' not found"
+            everything = await api.GetTopology(router_agent_pb2.TopologyRequest(), timeout=5)
+            assert list(everything.spaces) == []
+    finally:
+        await running.stop(grace=0.2)
+
+
+async def test_two_spaces_are_isolated_and_deleting_one_leaves_the_other_untouched(
+    config_server: Any,
+    config_stub: config_pb2_grpc.ConfigServiceStub,
+    routers: RouterFleet,
+    tmp_path: Path,
+) -> None:
+    shop, lab = routers.start("shop-r0"), routers.start("lab-r0")
+    publish(tmp_path, "shop", shop)
+    publish(tmp_path, "lab", lab)
+    agent = agent_over(config_server.target, tmp_path, tick=0.1)
+    agent.start()
+    try:
+        for space, kind in (("shop", "anycast"), ("lab", "multicast")):
+            await config_stub.CreateAddressSpace(
+                resources_pb2.AddressSpace(
+                    metadata=resources_pb2.Metadata(name=space),
+                    spec=resources_pb2.AddressSpaceSpec(type="standard", plan="standard-small"),
+                )
+            )
+            # the same address name in both spaces, of different types
+            await config_stub.CreateAddress(
+                resources_pb2.Address(
+                    metadata=resources_pb2.Metadata(name="events", space=space),
+                    spec=resources_pb2.AddressSpec(
+                        address="events", type=kind, plan=f"standard-{kind}"
+                    ),
+                )
+            )
+
+        async def both_active() -> bool:
+            got = [
+                await config_stub.GetAddress(Ref(space=space, name="events"))
+                for space in ("shop", "lab")
+            ]
+            return all(a.status.status.phase == "Active" for a in got)
+
+        await eventually(both_active, what="events Active in both spaces")
+        configs = {
+            r.router_id: r.admin().GetConfig(router_pb2.GetConfigRequest(), timeout=5)
+            for r in (shop, lab)
+        }
+        assert [
+            (c.space, [(a.address, a.type) for a in c.addresses], list(c.peers))
+            for c in configs.values()
+        ] == [
+            ("shop", [("events", "anycast")], []),
+            ("lab", [("events", "multicast")], []),
+        ]
+
+        await config_stub.DeleteAddressSpace(config_pb2.DeleteRequest(ref=Ref(name="lab")))
+        await eventually(
+            lambda: _forgotten(agent, "lab"), what="the agent forgets the deleted space"
+        )
+        after = shop.admin().GetConfig(router_pb2.GetConfigRequest(), timeout=5)
+        assert after == configs["shop-r0"]  # same generation, same routes: untouched
+        still = await config_stub.GetAddress(Ref(space="shop", name="events"))
+        assert still.status.status.phase == "Active"
+    finally:
+        await agent.stop()
+
+
+async def _forgotten(agent: RouterAgent, space: str) -> bool:
+    return space not in agent.spaces

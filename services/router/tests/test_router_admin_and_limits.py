@@ -80,6 +80,23 @@ def test_deleting_an_address_closes_its_links_with_not_found(
     assert codec.read_body(kept.receive(10).payload) == b"still"
 
 
+def test_changing_an_address_type_closes_its_links_and_the_new_type_serves(
+    routers: RouterFleet, clients: list[Client]
+) -> None:
+    router = routers.start("r1")
+    router.apply(routers.mesh_config(generation=1, addresses={"work": "anycast"}))
+    client = _connect(router, clients)
+    old = client.receiver("work", credit=1)
+    router.apply(routers.mesh_config(generation=2, addresses={"work": "multicast"}))
+    assert old.detached.result(10) == Condition(
+        "amqp:resource-deleted", "address 'work' changed from anycast to multicast: attach again"
+    )
+    first, second = client.receiver("work", credit=5), client.receiver("work", credit=5)
+    assert client.sender("work").send(codec.encode_message(b"all")).outcome is Outcome.ACCEPTED
+    assert codec.read_body(first.receive(10).payload) == b"all"
+    assert codec.read_body(second.receive(10).payload) == b"all"
+
+
 def test_stats_listings_and_closing_a_connection(
     routers: RouterFleet, clients: list[Client]
 ) -> None:

@@ -255,3 +255,10 @@ def test_anonymous_relay_routes_by_to_and_rejects_what_it_cannot(
     )
     nobody = anonymous.send(codec.encode_message(b"x", to="other"))
     assert nobody.outcome is Outcome.RELEASED
+    garbage = anonymous.send(b"\x00Ss\xc0\x05\x03\xa1\x10ab")  # a `to` cut short
+    assert garbage.outcome is Outcome.REJECTED
+    assert garbage.error is not None
+    assert garbage.error.name == "amqp:decode-error"
+    assert garbage.error.description == (
+        "cannot read the message's 'to': value at offset 6 runs past the end of the message"
+    )

@@ -208,6 +208,18 @@ def test_kill_one_of_three_routers_under_load(routers: RouterFleet) -> None:
             time.sleep(0.05)
         assert sorted(r2.stats().reachable_routers) == ["r3"]
         assert sorted(r3.stats().reachable_routers) == ["r2"]
+        # Back on its old ports, the restarted router rejoins and carries traffic again.
+        r1 = routers.restart("r1")
+        r1.apply(routers.mesh_config(generation=1, addresses=ADDRESSES))
+        routers.wait_for_mesh()
+        with Client("127.0.0.1", r1.amqp_port) as client:
+            assert client.sender("work").send(codec.encode_message(b"-1")).outcome is (
+                Outcome.ACCEPTED
+            )
+        deadline = time.monotonic() + 20
+        while -1 not in consumers[0].received | consumers[1].received:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
     finally:
         for consumer in consumers:
             consumer.stop.set()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 import pytest
-from enmasse.subscription.brokers import parse_brokers
+from enmasse.subscription.brokers import PortsTreeBrokers
 from enmasse.subscription.choice import (
     Refusal,
     Subscriber,
@@ -128,8 +130,13 @@ def test_records_live_in_annotations_of_their_own_prefix() -> None:
     assert recorded(annotations) == {"app-1|sub": "broker-0", "audit": "broker-1"}
 
 
-def test_broker_endpoints_file_is_checked() -> None:
-    brokers = parse_brokers({"shop": [{"name": "broker-0", "amqp_port": 1, "admin_port": 2}]})
-    assert brokers["shop"]["broker-0"].admin == "127.0.0.1:2"
-    with pytest.raises(ValueError, match="needs name, amqp_port, admin_port"):
-        parse_brokers({"shop": [{"name": "broker-0"}]})
+def test_a_broker_is_found_by_its_ports_file(tmp_path: Path) -> None:
+    brokers = PortsTreeBrokers(tmp_path)
+    assert brokers.broker("shop", "broker-0") is None
+    (tmp_path / "shop/broker-0").mkdir(parents=True)
+    (tmp_path / "shop/broker-0/ports.json").write_text('{"amqp": 1, "ad')  # torn
+    assert brokers.broker("shop", "broker-0") is None
+    (tmp_path / "shop/broker-0/ports.json").write_text('{"amqp": 1, "admin": 2, "pid": 3}')
+    found = brokers.broker("shop", "broker-0")
+    assert found is not None
+    assert (found.name, found.amqp_port, found.admin) == ("broker-0", 1, "127.0.0.1:2")

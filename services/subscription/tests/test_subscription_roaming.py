@@ -21,9 +21,9 @@ from enmasse.common.amqp import codec
 from enmasse.common.amqp.client import Client, Receiver
 from enmasse.common.amqp.engine import Outcome, Terminus
 from enmasse.router_agent.agent import RouterAgent
-from enmasse.router_agent.directory import FileBrokerDirectory as AgentBrokers
-from enmasse.router_agent.directory import FileRouterDirectory, write_endpoints
-from enmasse.subscription.brokers import FileBrokerDirectory
+from enmasse.router_agent.directory import PortsTreeBrokers as AgentBrokers
+from enmasse.router_agent.directory import PortsTreeRouters, write_ports
+from enmasse.subscription.brokers import PortsTreeBrokers
 from enmasse.subscription.subscriptions import DurableSubscriptions
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2, subscription_pb2
 
@@ -44,37 +44,28 @@ async def plane(
 ) -> AsyncIterator[dict[str, Any]]:
     broker = broker_factory()
     r0, r1 = routers.start("r0"), routers.start("r1")
-    run = tmp_path / "run"
-    write_endpoints(
-        run / "routers.json",
-        {
-            "shop": [
-                {
-                    "router_id": r.router_id,
-                    "admin_port": r.admin_port,
-                    "amqp_port": r.amqp_port,
-                    "inter_router_port": r.inter_router_port,
-                }
-                for r in (r0, r1)
-            ]
-        },
-    )
-    write_endpoints(
-        run / "brokers.json",
-        {
-            "shop": [
-                {"name": "broker-0", "amqp_port": broker.amqp_port, "admin_port": broker.admin_port}
-            ]
-        },
+    # what the runtime's processes do: their ports under <var>/<kind>/<space>/<id>/
+    for router in (r0, r1):
+        write_ports(
+            tmp_path / "routers/shop" / router.router_id / "ports.json",
+            {
+                "amqp": router.amqp_port,
+                "inter_router": router.inter_router_port,
+                "admin": router.admin_port,
+            },
+        )
+    write_ports(
+        tmp_path / "brokers/shop/broker-0/ports.json",
+        {"amqp": broker.amqp_port, "admin": broker.admin_port},
     )
     agent = RouterAgent(
         config_target=config_server.target,
-        routers=FileRouterDirectory(run / "routers.json"),
-        brokers=AgentBrokers(run / "brokers.json"),
+        routers=PortsTreeRouters(tmp_path / "routers"),
+        brokers=AgentBrokers(tmp_path / "brokers"),
         tick=0.1,
     )
     subscriptions = DurableSubscriptions(
-        config_target=config_server.target, brokers=FileBrokerDirectory(run / "brokers.json")
+        config_target=config_server.target, brokers=PortsTreeBrokers(tmp_path / "brokers")
     )
     agent.start()
     subscriptions.start()

@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 import pytest
 from enmasse.common.serving import start_server
-from enmasse.subscription.brokers import FileBrokerDirectory
+from enmasse.subscription.brokers import PortsTreeBrokers
 from enmasse.subscription.choice import annotation_key, choose_broker, recorded
 from enmasse.subscription.servicer import SERVICE_NAME, SubscriptionServicer
 from enmasse.subscription.subscriptions import DurableSubscriptions
@@ -54,9 +54,9 @@ async def eventually(check: Callable[[], Any], *, what: str, limit: float = 20.0
 class Service:
     """The service in this process, served on a free port, restartable."""
 
-    def __init__(self, *, config_target: str, brokers_file: Path) -> None:
+    def __init__(self, *, config_target: str, brokers_dir: Path) -> None:
         self.config_target = config_target
-        self.brokers_file = brokers_file
+        self.brokers_dir = brokers_dir
         self.subscriptions: DurableSubscriptions | None = None
         self.running: Any = None
         self.channel: grpc.aio.Channel | None = None
@@ -64,7 +64,7 @@ class Service:
 
     async def start(self) -> subscription_pb2_grpc.SubscriptionServiceStub:
         self.subscriptions = DurableSubscriptions(
-            config_target=self.config_target, brokers=FileBrokerDirectory(self.brokers_file)
+            config_target=self.config_target, brokers=PortsTreeBrokers(self.brokers_dir)
         )
         self.subscriptions.start()
         self.running = await start_server(
@@ -97,18 +97,11 @@ async def setup(
     tmp_path: Path,
 ) -> AsyncIterator[dict[str, Any]]:
     brokers = {f"broker-{i}": broker_factory() for i in range(2)}
-    brokers_file = tmp_path / "run" / "brokers.json"
-    brokers_file.parent.mkdir(parents=True)
-    brokers_file.write_text(
-        json.dumps(
-            {
-                "shop": [
-                    {"name": n, "amqp_port": b.amqp_port, "admin_port": b.admin_port}
-                    for n, b in brokers.items()
-                ]
-            }
+    for name, broker in brokers.items():  # what the runtime's brokers do: their ports files
+        (tmp_path / "brokers/shop" / name).mkdir(parents=True)
+        (tmp_path / "brokers/shop" / name / "ports.json").write_text(
+            json.dumps({"amqp": broker.amqp_port, "admin": broker.admin_port})
         )
-    )
     await config_stub.CreateAddressSpace(
         resources_pb2.AddressSpace(
             metadata=resources_pb2.Metadata(name="shop"),
@@ -123,7 +116,7 @@ async def setup(
             ),
         )
     )
-    service = Service(config_target=config_server.target, brokers_file=brokers_file)
+    service = Service(config_target=config_server.target, brokers_dir=tmp_path / "brokers")
     stub = await service.start()
     try:
         yield {"stub": stub, "brokers": brokers, "service": service}

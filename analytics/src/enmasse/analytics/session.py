@@ -4,7 +4,7 @@ What flows in: a master URL (`local[2]` by default: the machine has two cores; a
 `--master`). What flows out: a SparkSession set up the way every table in this package assumes:
 UTC session time zone (windows and dashboard times are UTC), duplicate attribute keys resolved
 last-wins (an OTLP span may repeat a key), few shuffle partitions (trace files are small next to
-what Spark's default of 200 is sized for), no UI, loopback only.
+what Spark's default of 200 is sized for), no UI, and for a local master loopback only.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ def spark_session(
     """`quick_start` trades peak speed for start-up: the JVM compiles with C1 only and uses the
     serial collector, which starts a session about 3x faster on a busy 2-core machine. Right for
     tests on a few hundred spans, wrong for a million (the benchmark and the job leave it off)."""
-    # The driver must bind loopback only: other hosts are neither needed nor reachable here.
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
@@ -37,9 +37,13 @@ def spark_session(
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
     )
+    if master.startswith("local"):
+        # A local job binds loopback only; a cluster's executors must reach the driver, so there
+        # the deployment's own network settings apply.
+        builder = builder.config("spark.driver.host", "127.0.0.1").config(
+            "spark.driver.bindAddress", "127.0.0.1"
+        )
     if quick_start:
         builder = builder.config(
             "spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"

@@ -14,6 +14,9 @@ resource_version it read, so a concurrent write by the storage-controller (place
 overwritten: the write is refused (ABORTED), the informer brings the new version, and the next
 pass writes again on top of it.
 
+What the agent writes into a stored address's status, and what it leaves to the
+storage-controller, is decided by `routing.status_to_write`.
+
 Every call has a deadline; a router that does not answer delays only its own addresses' phases.
 Only standard spaces are the agent's: a brokered space has no routers.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -33,14 +37,13 @@ from enmasse.common.validation import object_of
 from enmasse.router_agent.directory import BrokerDirectory, RouterDirectory
 from enmasse.router_agent.push import RouterSession
 from enmasse.router_agent.routing import (
-    FAILED,
-    PENDING,
     Readiness,
     SpaceRouting,
     address_routes,
     placements_of,
     readiness,
     space_readiness,
+    status_to_write,
 )
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2, router_pb2
 
@@ -214,13 +217,20 @@ class RouterAgent:
         applied: dict[str, int],
     ) -> None:
         written = 0
+        started = time.monotonic()
         try:
             written += await self._write_address_statuses(stub, addresses, phases)
             written += await self._write_space_status(stub, space, routing, applied)
         except Exception:
             log.exception("status writes failed", space=space.metadata.name)
         if written:
-            self._wake.set()  # what changed meanwhile is written by the next pass
+            log.info(
+                "statuses written",
+                space=space.metadata.name,
+                count=written,
+                seconds=round(time.monotonic() - started, 3),
+                generation=routing.generation,
+            )
 
     async def _sessions(self, space: str, routers: Iterable[Any]) -> dict[str, RouterSession]:
         sessions = self.sessions.setdefault(space, {})
@@ -266,12 +276,19 @@ class RouterAgent:
         writes = []
         for address in addresses:
             wanted = phases.get(address.metadata.name)
-            if wanted is None or _keeps_controller_verdict(address, wanted):
-                continue
-            status = _address_status(address, wanted)
-            if status != address.status:
+            status = status_to_write(address, wanted) if wanted is not None else None
+            if status is not None:
                 writes.append(self._write_address(stub, address, status))
-        await asyncio.gather(*writes)
+        failures = Counter(code for code in await asyncio.gather(*writes) if code)
+        if failures:
+            # one line per batch, not per address: a config service that is down would
+            # otherwise log thousands of lines per pass
+            log.warning(
+                "address status writes failed",
+                failures=dict(failures),
+                of=len(writes),
+                space=addresses[0].metadata.space,
+            )
         self.status_writes += len(writes)
         return len(writes)
 
@@ -280,18 +297,14 @@ class RouterAgent:
         stub: config_pb2_grpc.ConfigServiceStub,
         address: resources_pb2.Address,
         status: resources_pb2.AddressStatus,
-    ) -> None:
+    ) -> str:
         request = config_pb2.UpdateAddressStatusRequest(
             ref=config_pb2.ObjectRef(space=address.metadata.space, name=address.metadata.name),
             status=status,
             resource_version=address.metadata.resource_version,
         )
         async with self._status_slots:
-            await _tolerant(
-                stub.UpdateAddressStatus(request, timeout=STATUS_DEADLINE),
-                what="address status",
-                name=address.metadata.name,
-            )
+            return await _tolerant(stub.UpdateAddressStatus(request, timeout=STATUS_DEADLINE))
 
     async def _write_space_status(
         self,
@@ -320,11 +333,9 @@ class RouterAgent:
             status=status,
             resource_version=space.metadata.resource_version,
         )
-        await _tolerant(
-            stub.UpdateAddressSpaceStatus(request, timeout=STATUS_DEADLINE),
-            what="address space status",
-            name=space.metadata.name,
-        )
+        failed = await _tolerant(stub.UpdateAddressSpaceStatus(request, timeout=STATUS_DEADLINE))
+        if failed:
+            log.warning("address space status write failed", space=space.metadata.name, code=failed)
         self.status_writes += 1
         return 1
 
@@ -365,34 +376,14 @@ def _add_into(totals: dict[str, router_pb2.AddressStats], entry: router_pb2.Addr
     total.remote_routers = max(total.remote_routers, entry.remote_routers)
 
 
-def _keeps_controller_verdict(address: resources_pb2.Address, wanted: Readiness) -> bool:
-    """A stored address the storage-controller could not place (quota exceeded, bad plan) keeps
-    the storage-controller's Pending/Failed and its reason: it knows why; the agent only waits."""
-    current = address.status.status
-    return (
-        wanted.phase != "Active"
-        and not address.status.brokers
-        and current.phase in (PENDING, FAILED)
-        and bool(current.messages)
-    )
+async def _tolerant(call: Awaitable[Any]) -> str:
+    """The write's failure code name, or "" when it was written or need not be.
 
-
-def _address_status(
-    address: resources_pb2.Address, wanted: Readiness
-) -> resources_pb2.AddressStatus:
-    status = resources_pb2.AddressStatus()
-    status.CopyFrom(address.status)  # placement (brokers) is the storage-controller's: kept as is
-    status.status.phase = wanted.phase
-    status.status.messages[:] = [wanted.message] if wanted.message else []
-    status.status.observed_generation = address.metadata.generation
-    return status
-
-
-async def _tolerant(call: Awaitable[Any], *, what: str, name: str) -> None:
+    ABORTED (somebody wrote in between) and NOT_FOUND (deleted meanwhile) are not failures: the
+    informer brings the news and the next pass writes on top of it."""
     try:
         await call
     except grpc.aio.AioRpcError as error:
-        # ABORTED: somebody wrote in between; NOT_FOUND: deleted meanwhile. The informer brings
-        # the news and the next pass writes on top of it.
         if error.code() not in (grpc.StatusCode.ABORTED, grpc.StatusCode.NOT_FOUND):
-            log.warning("status write failed", what=what, name=name, code=error.code().name)
+            return str(error.code().name)
+    return ""

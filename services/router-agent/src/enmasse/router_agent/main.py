@@ -1,9 +1,10 @@
 """`enmasse-router-agent`: wiring and start-up of the router-agent, nothing else.
 
-Reads the flags, builds the router and broker directories over the runtime's endpoint files
-(`<var>/run/routers.json`, `<var>/run/brokers.json` unless named otherwise), starts the agent loop
-against the config service and serves RouterAgent (with health and reflection). The bound port goes
-to the log, to stdout as `listening on <host>:<port>` and, with --port-file, into that file.
+Reads the flags, builds the router and broker directories over the ports files the processes
+write (`<var>/routers/<space>/<id>/ports.json`, `<var>/brokers/<space>/<id>/ports.json`),
+starts the agent loop against the config service and serves RouterAgent (with health and
+reflection). The bound port goes to the log, to stdout as `listening on <host>:<port>` and, with
+--port-file, into that file.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import structlog
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server
 from enmasse.router_agent.agent import RouterAgent
-from enmasse.router_agent.directory import FileBrokerDirectory, FileRouterDirectory
+from enmasse.router_agent.directory import PortsTreeBrokers, PortsTreeRouters
 from enmasse.router_agent.servicer import SERVICE_NAME, RouterAgentServicer
 from enmasse.v1 import router_agent_pb2_grpc
 
@@ -36,21 +37,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--var",
         default=os.environ.get("ENMASSE_VAR", "var"),
-        help="the runtime's var dir (endpoint files under <var>/run/)",
+        help="the runtime's var dir (ports files under it)",
     )
-    parser.add_argument("--routers-file", default=None, help="default: <var>/run/routers.json")
-    parser.add_argument("--brokers-file", default=None, help="default: <var>/run/brokers.json")
+    parser.add_argument("--routers-dir", default=None, help="default: <var>/routers")
+    parser.add_argument("--brokers-dir", default=None, help="default: <var>/brokers")
     parser.add_argument("--port-file", default=None, help="write the bound port to this file")
     parser.add_argument("--tick", type=float, default=0.5, help="seconds between passes")
     return parser.parse_args(argv)
 
 
 async def serve(args: argparse.Namespace) -> None:
-    run = Path(args.var) / "run"
+    var = Path(args.var)
     agent = RouterAgent(
         config_target=args.config,
-        routers=FileRouterDirectory(Path(args.routers_file or run / "routers.json")),
-        brokers=FileBrokerDirectory(Path(args.brokers_file or run / "brokers.json")),
+        routers=PortsTreeRouters(Path(args.routers_dir or var / "routers")),
+        brokers=PortsTreeBrokers(Path(args.brokers_dir or var / "brokers")),
         tick=args.tick,
     )
     host, _, port = args.listen.rpartition(":")

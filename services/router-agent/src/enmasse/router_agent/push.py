@@ -64,20 +64,19 @@ class RouterSession:
 
     async def _refused(self, error: grpc.aio.AioRpcError, *, generation: int) -> None:
         code, details = error.code(), error.details() or ""
+        before = self.error
         if code == grpc.StatusCode.FAILED_PRECONDITION:
             running = await self.probe()
             self.ahead = max(self.ahead, running or 0)
             self.error = f"runs generation {running}, newer than {generation}"
         elif code == grpc.StatusCode.INVALID_ARGUMENT:
             self.reachable = True
-            self.error = f"refused generation {generation}: {details}"
-            self._log.error(
-                "router refused the configuration", generation=generation, reason=details
-            )
+            self.error = f"refused the configuration: {details}"
         else:
             self.reachable = False
             self.error = f"unreachable: {code.name} {details}".strip()
-            self._log.info("router unreachable", code=code.name)
+        if self.error != before:  # once per new problem, not once per pass
+            self._log.warning("router did not apply", generation=generation, reason=self.error)
 
     async def probe(self) -> int | None:
         """The generation the router runs now (None when it does not answer)."""

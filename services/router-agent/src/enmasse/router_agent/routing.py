@@ -35,6 +35,13 @@ DIRECT_TYPES = frozenset({"anycast", "multicast"})
 STORED_TYPES = frozenset({"queue", "topic", "subscription"})
 
 ACTIVE = "Active"
+BROKER_NOT_READY = "waiting for broker:"  # the storage-controller's: a broker lacks the address
+AGENT_REASONS = (
+    "waiting for a broker placement",
+    "no known endpoint yet for broker",
+    "waiting for router",
+    "no router of the space is running",
+)
 CONFIGURING = "Configuring"
 PENDING = "Pending"
 TERMINATING = "Terminating"
@@ -142,7 +149,7 @@ def _waypoints(
             )
         )
     if unknown and not waypoints:
-        return [], f"waiting for broker {', '.join(unknown)} to run"
+        return [], f"no known endpoint yet for broker {', '.join(unknown)}"
     return waypoints, ""
 
 
@@ -293,3 +300,43 @@ class SpaceRouting:
 
 def _mesh_of(routers: Sequence[RouterEndpoint]) -> tuple[tuple[str, str, int], ...]:
     return tuple((r.router_id, r.host, r.inter_router_port) for r in routers)
+
+
+def status_to_write(
+    address: resources_pb2.Address, wanted: Readiness
+) -> resources_pb2.AddressStatus | None:
+    """The status the agent writes for `address`, or None when it leaves the status alone.
+
+    The division of labour with the storage-controller, which owns stored addresses' placement
+    and phase up to Configuring (with messages `placed on broker ...`, `waiting for broker: ...`
+    or `broker ready: ...`), and Pending/Failed when it cannot place:
+    - direct addresses (anycast, multicast) are the agent's alone: phase and message;
+    - a stored address nobody has spoken of yet (no placement, no phase) gets the agent's
+      Configuring and its reason;
+    - a placed stored address is set Active, and only that, once every router runs it and the
+      storage-controller says its brokers hold it (no `waiting for broker:`); its messages stay,
+      except the agent's own earlier reasons. Anything else is the storage-controller's verdict
+      and is left as it is, so the two never overwrite each other back and forth.
+    """
+    current = address.status
+    desired = resources_pb2.AddressStatus()
+    desired.CopyFrom(current)
+    if address.spec.type in DIRECT_TYPES:
+        desired.status.phase = wanted.phase
+        desired.status.messages[:] = [wanted.message] if wanted.message else []
+        desired.status.observed_generation = address.metadata.generation
+    elif not current.brokers:
+        if current.status.phase:
+            return None
+        desired.status.phase = wanted.phase
+        desired.status.messages[:] = [wanted.message] if wanted.message else []
+    else:
+        if wanted.phase != ACTIVE or current.status.phase in (ACTIVE, PENDING, FAILED):
+            return None
+        if any(m.startswith(BROKER_NOT_READY) for m in current.status.messages):
+            return None
+        desired.status.phase = ACTIVE
+        desired.status.messages[:] = [
+            m for m in current.status.messages if not m.startswith(AGENT_REASONS)
+        ]
+    return desired if desired != current else None

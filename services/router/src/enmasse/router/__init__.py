@@ -1,0 +1,18 @@
+"""The router: the single entry point of an address space (DESIGN §4).
+
+Pure domain (no network; unit-tested without processes):
+- `config`: the configuration RouterAdmin applies (addresses, waypoints, mesh peers, limits) and
+  the generation rule;
+- `addressing`: what an address means here (configured route, dynamic reply address, unknown);
+- `mesh`: link-state adverts, cheapest paths, reachable consumers, multicast trees;
+- `balancing`: anycast target choice (least outstanding, round robin on ties);
+- `fanout`: bounded per-consumer copy queues for multicast;
+- `stats`: counters.
+
+On the shared AMQP engine (`enmasse.common.amqp.engine`):
+- `forwarding`: the `Router` core: deliveries in, sends out, outcomes back, credit, the mesh and
+  broker links;
+- `handlers`: thin engine handlers for client, inter-router and broker connections;
+- `admin`: the RouterAdmin gRPC servicer, posting into the engine thread;
+- `main`: `enmasse-router`, wiring and start-up only.
+"""

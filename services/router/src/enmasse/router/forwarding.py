@@ -175,9 +175,12 @@ class BrokerSession:
 class Router:
     """The forwarding core of one router process. See the module docstring."""
 
-    def __init__(self, *, router_id: str, engine: Engine) -> None:
+    def __init__(
+        self, *, router_id: str, engine: Engine, idle_timeout: float | None = None
+    ) -> None:
         self.router_id = router_id
         self.engine = engine
+        self.idle_timeout = idle_timeout  # for the connections this router dials
         self.config = RouterConfig()
         self.mesh = LinkStateDatabase(router_id)
         self.replies = ReplyAddresses(router_id)
@@ -219,19 +222,35 @@ class Router:
             if route == previous.route(address):
                 continue
             if route is None:
-                error = Condition(
-                    "amqp:not-found",
-                    f"address '{address}' was deleted from space '{self.config.space}'",
+                self._close_point(
+                    point,
+                    Condition(
+                        "amqp:not-found",
+                        f"address '{address}' was deleted from space '{self.config.space}'",
+                    ),
                 )
-                for link in [*point.local, *point.producers]:
-                    link.close(error)
+                continue
+            if route.distribution.value != point.kind:
+                self._close_point(
+                    point,
+                    Condition(
+                        "amqp:resource-deleted",
+                        f"address '{address}' changed from {point.kind} to "
+                        f"{route.distribution.value}: attach again",
+                    ),
+                )
                 continue
             point.resolution = Resolution(
                 address=address, kind=route.distribution.value, route=route
             )
-            point.kind = route.distribution.value
             if point.waypoint:
                 self._sync_broker_targets(point)
+
+    def _close_point(self, point: AddressPoint, error: Condition) -> None:
+        """Closes every client link of the address; its next attach starts afresh."""
+        for link in [*point.local, *point.producers]:
+            link.close(error)
+        self.points.pop(point.address, None)
 
     # ------------------------------------------------------------------ points
 
@@ -296,6 +315,10 @@ class Router:
             self.connections.pop(record.id, None)
 
     def client_attach(self, link: Link) -> None:
+        if not isinstance(link.connection.context, ConnectionRecord):
+            # Pipelined behind an open this router turned away (too many connections).
+            link.refuse(Condition("amqp:connection:forced", "the connection is being closed"))
+            return
         limit = self.config.limits.max_links_per_connection
         if limit and sum(1 for other in link.connection.links if other.is_open) >= limit:
             link.refuse(
@@ -432,7 +455,14 @@ class Router:
 
     def _from_anonymous(self, link: Link, delivery: Delivery) -> None:
         link.flow(1)
-        to = delivery.to
+        try:
+            to = delivery.to
+        except codec.CodecError as error:
+            delivery.settle(
+                Outcome.REJECTED,
+                error=Condition("amqp:decode-error", f"cannot read the message's 'to': {error}"),
+            )
+            return
         if not to:
             delivery.settle(
                 Outcome.REJECTED,
@@ -794,6 +824,7 @@ class Router:
             # subscription after (container id, link name), and a subscriber that comes back
             # through another router must find the same one.
             container_id=BROKER_CONTAINER_ID,
+            idle_timeout=self.idle_timeout,
         )
 
     def broker_open(self, session: BrokerSession, conn: Connection) -> None:
@@ -862,6 +893,7 @@ class Router:
             port=current.port,
             handler=MeshHandler(self, expected=current.router_id),
             container_id=self.router_id,
+            idle_timeout=self.idle_timeout,
         )
 
     def neighbor_open(self, conn: Connection, *, peer_id: str | None) -> None:

@@ -91,7 +91,7 @@ def main(
         raise click.BadParameter("must be non-empty and contain no '/'", param_hint="--router-id")
     configure_logging(service="router")
     engine = Engine(container_id=router_id)
-    router = Router(router_id=router_id, engine=engine)
+    router = Router(router_id=router_id, engine=engine, idle_timeout=idle_timeout or None)
     if config_path:
         pushed = json_format.Parse(Path(config_path).read_text(), router_pb2.RouterConfig())
         router.apply_config(pushed)

@@ -1,7 +1,7 @@
 """`enmasse-subscription`: wiring and start-up of the subscription service, nothing else.
 
 Reads the flags, follows the config service through an informer, reads the broker endpoints the
-runtime publishes (`<var>/run/brokers.json` unless named otherwise) and serves
+runtime publishes (`<var>/brokers/<space>/<id>/ports.json` unless named otherwise) and serves
 SubscriptionService (with health and reflection). The bound port goes to the log, to stdout as
 `listening on <host>:<port>` and, with --port-file, into that file.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import structlog
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server
-from enmasse.subscription.brokers import FileBrokerDirectory
+from enmasse.subscription.brokers import PortsTreeBrokers
 from enmasse.subscription.servicer import SERVICE_NAME, SubscriptionServicer
 from enmasse.subscription.subscriptions import DurableSubscriptions
 from enmasse.v1 import subscription_pb2_grpc
@@ -36,18 +36,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--var",
         default=os.environ.get("ENMASSE_VAR", "var"),
-        help="the runtime's var dir (endpoint files under <var>/run/)",
+        help="the runtime's var dir (ports files under it)",
     )
-    parser.add_argument("--brokers-file", default=None, help="default: <var>/run/brokers.json")
+    parser.add_argument("--brokers-dir", default=None, help="default: <var>/brokers")
     parser.add_argument("--port-file", default=None, help="write the bound port to this file")
     return parser.parse_args(argv)
 
 
 async def serve(args: argparse.Namespace) -> None:
-    brokers_file = Path(args.brokers_file or Path(args.var) / "run" / "brokers.json")
-    subscriptions = DurableSubscriptions(
-        config_target=args.config, brokers=FileBrokerDirectory(brokers_file)
-    )
+    brokers = PortsTreeBrokers(Path(args.brokers_dir or Path(args.var) / "brokers"))
+    subscriptions = DurableSubscriptions(config_target=args.config, brokers=brokers)
     subscriptions.start()
     host, _, port = args.listen.rpartition(":")
     running = await start_server(

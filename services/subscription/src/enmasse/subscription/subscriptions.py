@@ -24,7 +24,7 @@ import grpc
 import structlog
 from enmasse.common.informer import Informer
 from enmasse.common.validation import object_of
-from enmasse.subscription.brokers import BrokerEndpoint, FileBrokerDirectory
+from enmasse.subscription.brokers import BrokerEndpoint, PortsTreeBrokers
 from enmasse.subscription.choice import (
     Refusal,
     Subscriber,
@@ -51,7 +51,7 @@ TopicKey = tuple[str, str]  # (space, topic resource name)
 
 class DurableSubscriptions:
     def __init__(
-        self, *, config_target: str | Callable[[], str], brokers: FileBrokerDirectory
+        self, *, config_target: str | Callable[[], str], brokers: PortsTreeBrokers
     ) -> None:
         self._config_target = config_target
         self.brokers = brokers
