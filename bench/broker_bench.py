@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from enmasse.common.amqp import codec
@@ -68,9 +68,6 @@ def enmasse_broker() -> Iterator[BrokerProcess]:
         broker = BrokerProcess(workdir=Path(tmp), args=["--memory-limit=2000000000"])
         broker.start()
         try:
-            for i in range(4):
-                broker.ensure_queue(f"bench-{i}", persistent=False)
-                broker.ensure_queue(f"bench-durable-{i}", persistent=True)
             broker.ensure_queue("bench-latency", persistent=False)
             yield broker
         finally:
@@ -85,18 +82,20 @@ def _rows(
     host: str,
     port: int,
     pid: int,
-    addresses: dict[bool, list[str]],
+    queues: Callable[[str, bool], list[str]],
     login: dict[str, str],
 ) -> None:
+    """One row per case; every case gets fresh queues, so nothing left by one pollutes another."""
     sizes = (100,) if ctx.quick else SIZES
     for pairs in (1, 4):
         for size in sizes:
             for durable in (False, True):
+                addresses = queues(f"{pairs}x{size}{'d' if durable else 'n'}", durable)
                 with _durable_payloads(durable):
                     result = throughput(
                         host=host,
                         port=port,
-                        address=addresses[durable][:pairs],
+                        address=addresses[:pairs],
                         messages=ctx.messages(MESSAGES[size] * (2 if pairs > 1 else 1)),
                         size=size,
                         producers=pairs,
@@ -134,20 +133,26 @@ def broker_suite(ctx: Context) -> Iterator[Table]:
     latencies = Table(
         "Queue latency, 1/1, 100 B, not durable", ["broker", *harness.LATENCY_COLUMNS]
     )
-    ours = {False: [f"bench-{i}" for i in range(4)], True: [f"bench-durable-{i}" for i in range(4)]}
     with enmasse_broker() as broker:
+
+        def ours(case: str, durable: bool) -> list[str]:
+            names = [f"bench-{case}-{i}" for i in range(4)]
+            for queue in names:
+                broker.ensure_queue(queue, persistent=durable)
+            return names
+
         _rows(
             ctx, table, "enmasse", host="127.0.0.1", port=broker.amqp_port, pid=broker.pid,
-            addresses=ours, login={},
+            queues=ours, login={},
         )  # fmt: skip
         _latency(ctx, latencies, "enmasse", port=broker.amqp_port, address="bench-latency")
     try:
         with rabbitmq() as node:
-            queues = [f"/queue/bench-{i}" for i in range(4)]
             login = {"user": USER, "password": PASSWORD}
             _rows(
                 ctx, table, "rabbitmq 3.10", host=node.host, port=node.port, pid=node.pid,
-                addresses={False: queues, True: queues}, login=login,
+                queues=lambda case, _durable: [f"/queue/bench-{case}-{i}" for i in range(4)],
+                login=login,
             )  # fmt: skip
             _latency(
                 ctx, latencies, "rabbitmq 3.10", port=node.port, address="/queue/bench-latency",

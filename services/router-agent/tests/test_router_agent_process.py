@@ -89,7 +89,10 @@ def anycast(name: str) -> resources_pb2.Address:
 
 
 async def phases(stub: config_pb2_grpc.ConfigServiceStub) -> dict[str, str]:
-    listed = await stub.ListAddresses(config_pb2.ListRequest(space="shop"))
+    try:
+        listed = await stub.ListAddresses(config_pb2.ListRequest(space="shop"), timeout=5)
+    except grpc.aio.AioRpcError as error:
+        return {"(config service)": error.code().name}  # restarting: ask again
     return {a.metadata.name: a.status.status.phase for a in listed.items}
 
 

@@ -162,6 +162,18 @@ async def test_anycast_address_becomes_active_and_carries_a_message_across_the_m
         assert calls.accepted >= 1
         assert list(stats.routers) == ["r0", "r1"]
         assert list(stats.unreachable) == []
+
+        # deleting the address stops its traffic, with a clear error to the attached clients
+        await config_stub.DeleteAddress(
+            config_pb2.DeleteRequest(ref=Ref(space="shop", name="calls"))
+        )
+        for link in (receiver, sender):
+            condition = await asyncio.to_thread(link.detached.result, 15)
+            assert condition is not None
+            assert (condition.name, condition.description) == (
+                "amqp:not-found",
+                "address 'calls' was deleted from space 'shop'",
+            )
     finally:
         producer.close()
         consumer.close()

@@ -49,6 +49,29 @@ def test_least_outstanding_goes_first_and_no_credit_is_skipped() -> None:
     assert balancer.choose(lambda _t: False) is None
 
 
+def test_a_weighted_target_counts_as_that_many_consumers() -> None:
+    # One local consumer, and the link towards a router with three: deliveries go 1:3.
+    balancer: Balancer[str] = Balancer()
+    balancer.add("local")
+    balancer.add("router-b", weight=3)
+    idle = Counter(_pick(balancer, settle=True) for _ in range(400))
+    assert idle == {"local": 100, "router-b": 300}
+    busy = Counter(_pick(balancer, settle=False) for _ in range(400))
+    assert busy == {"local": 100, "router-b": 300}
+    balancer.add("router-b", weight=1)  # two of its consumers left
+    assert balancer.outstanding("router-b") == 300
+    assert len(balancer) == 2
+
+
+def _pick(balancer: Balancer[str], *, settle: bool) -> str:
+    chosen = balancer.choose(lambda _t: True)
+    assert chosen is not None
+    balancer.sent(chosen)
+    if settle:
+        balancer.settled(chosen)
+    return chosen
+
+
 def test_removing_a_target_keeps_rotation_sane() -> None:
     balancer: Balancer[str] = Balancer()
     for name in ("a", "b", "c"):

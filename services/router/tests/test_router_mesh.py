@@ -16,7 +16,7 @@ def _mesh(
             router_id=router,
             sequence=1,
             neighbors=neighbors,
-            addresses=frozenset(consumers.get(router, set())),
+            addresses={address: 1 for address in consumers.get(router, set())},
         )
         if router == viewer:
             db.set_local(neighbors=neighbors, addresses=advert.addresses)
@@ -46,6 +46,8 @@ def test_consumers_only_count_when_their_router_is_reachable() -> None:
     db = _mesh("a", SQUARE, {"c": {"calls"}, "d": {"calls"}})
     assert db.routers_with_consumers("calls") == {"c", "d"}
     assert db.routers_with_consumers("other") == frozenset()
+    assert db.consumers_at("c", "calls") == 1
+    assert db.consumers_at("c", "other") == 0
 
 
 def test_dead_router_drops_out_when_a_neighbour_reports_the_loss() -> None:
@@ -69,17 +71,17 @@ def test_older_or_repeated_adverts_are_not_flooded_again() -> None:
 
 def test_local_advert_changes_only_when_something_changed() -> None:
     db = LinkStateDatabase("a", first_sequence=10)
-    first = db.set_local(neighbors={"b": 1}, addresses={"x"})
+    first = db.set_local(neighbors={"b": 1}, addresses={"x": 1})
     assert first is not None
     assert first.sequence == 11
-    assert db.set_local(neighbors={"b": 1}, addresses={"x"}) is None
-    second = db.set_local(neighbors={"b": 1}, addresses=set())
+    assert db.set_local(neighbors={"b": 1}, addresses={"x": 1}) is None
+    second = db.set_local(neighbors={"b": 1}, addresses={"x": 2})  # one more consumer
     assert second is not None
     assert second.sequence == 12
 
 
 def test_advert_wire_round_trip_and_garbage() -> None:
-    advert = RouterAdvert(router_id="a", sequence=7, neighbors={"b": 2}, addresses=frozenset({"x"}))
+    advert = RouterAdvert(router_id="a", sequence=7, neighbors={"b": 2}, addresses={"x": 3})
     assert RouterAdvert.decode(advert.encode()) == advert
     with pytest.raises(ValueError, match="malformed router advert"):
         RouterAdvert.decode(b"\x00garbage")

@@ -4,6 +4,7 @@ with SIGKILL under load while failover clients carry on."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -11,7 +12,8 @@ from collections.abc import Iterator
 import pytest
 from enmasse.common.amqp import codec
 from enmasse.common.amqp.client import AmqpError, Client
-from enmasse.common.amqp.engine import Condition, Outcome, Terminus
+from enmasse.common.amqp.engine import Condition, Delivery, Outcome, Terminus
+from enmasse.v1 import router_pb2
 
 from tests.fixtures.router import RouterFleet, RouterProcess
 
@@ -68,6 +70,34 @@ def test_anycast_and_its_outcome_cross_routers(
     rejected = second.result(10)
     assert rejected.outcome is Outcome.REJECTED
     assert rejected.error == Condition("app:no", "not this one")
+
+
+def test_anycast_balances_over_consumers_not_routers(
+    pair: tuple[RouterProcess, RouterProcess], clients: list[Client]
+) -> None:
+    r1, r2 = pair
+    receivers = [_connect(r1, clients).receiver("work", credit=300)]
+    far = _connect(r2, clients)
+    receivers += [far.receiver("work", credit=300) for _ in range(2)]
+    deadline = time.monotonic() + 10
+    while (r1.address_stats("work") or router_pb2.AddressStats()).remote_consumers != 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    sender = _connect(r1, clients).sender("work")
+    sent = [sender.send_async(codec.encode_message(str(n).encode())) for n in range(300)]
+    taken: list[list[Delivery]] = [[], [], []]
+    deadline = time.monotonic() + 30
+    while sum(len(t) for t in taken) < 300 and time.monotonic() < deadline:
+        for index, receiver in enumerate(receivers):
+            with contextlib.suppress(TimeoutError):
+                taken[index].append(receiver.receive(0.05))
+    for receiver, deliveries in zip(receivers, taken, strict=True):
+        for delivery in deliveries:
+            receiver.accept(delivery)
+    got = sorted(int(codec.read_body(d.payload)) for t in taken for d in t)
+    assert got == list(range(300))
+    assert all(90 <= len(t) <= 110 for t in taken), [len(t) for t in taken]
+    assert all(f.result(10).outcome is Outcome.ACCEPTED for f in sent)
 
 
 def test_request_response_over_two_routers(

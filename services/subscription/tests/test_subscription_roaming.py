@@ -167,3 +167,61 @@ def _take(receiver: Receiver, count: int) -> list[str]:
         bodies.append(str(codec.read_body(delivery.payload)))
         receiver.accept(delivery)
     return bodies
+
+
+async def test_a_subscription_address_keeps_what_was_published_before_its_consumer_came(
+    plane: dict[str, Any], config_stub: config_pb2_grpc.ConfigServiceStub, routers: RouterFleet
+) -> None:
+    await config_stub.CreateAddressSpace(
+        resources_pb2.AddressSpace(
+            metadata=resources_pb2.Metadata(name="shop"),
+            spec=resources_pb2.AddressSpaceSpec(type="standard", plan="standard-small"),
+        )
+    )
+    for name, kind, topic in (("prices", "topic", ""), ("audit", "subscription", "prices")):
+        await config_stub.CreateAddress(
+            resources_pb2.Address(
+                metadata=resources_pb2.Metadata(name=name, space="shop"),
+                spec=resources_pb2.AddressSpec(
+                    address=name, type=kind, plan=f"standard-small-{kind}", topic=topic
+                ),
+            )
+        )
+        # the storage-controller's part: placement on the one broker (it ensures the topic)
+        await config_stub.UpdateAddressStatus(
+            config_pb2.UpdateAddressStatusRequest(
+                ref=Ref(space="shop", name=name),
+                status=resources_pb2.AddressStatus(
+                    brokers=[resources_pb2.BrokerPlacement(broker="broker-0", state="Active")]
+                ),
+            )
+        )
+    plane["broker"].ensure_topic("prices")
+    deadline = time.monotonic() + 20
+    while True:
+        phases = [
+            (await config_stub.GetAddress(Ref(space="shop", name=n))).status.status.phase
+            for n in ("prices", "audit")
+        ]
+        made = "prices::audit" in await asyncio.to_thread(plane["broker"].addresses)
+        if phases == ["Active", "Active"] and made:
+            break
+        assert time.monotonic() < deadline, f"not ready: {phases}, subscription made: {made}"
+        await asyncio.sleep(0.1)
+
+    r0, r1 = routers.routers["r0"], routers.routers["r1"]
+    got = await asyncio.to_thread(_publish_then_read, r0.amqp_port, r1.amqp_port, plane["clients"])
+    assert got == ["before-1", "before-2", "after"]
+
+
+def _publish_then_read(publish_port: int, read_port: int, clients: list[Client]) -> list[str]:
+    publisher = Client("127.0.0.1", publish_port)
+    clients.append(publisher)
+    send = _publisher(publisher.sender("prices"))
+    send("before-1")
+    send("before-2")
+    reader = Client("127.0.0.1", read_port)
+    clients.append(reader)
+    receiver = reader.receiver("audit", credit=10)
+    send("after")
+    return _take(receiver, 3)

@@ -21,6 +21,9 @@ from typing import Any
 
 import grpc
 import pytest
+from enmasse.common.amqp import codec
+from enmasse.common.amqp.client import Client
+from enmasse.common.amqp.engine import Outcome
 from enmasse.common.serving import start_server
 from enmasse.subscription.brokers import PortsTreeBrokers
 from enmasse.subscription.choice import annotation_key, choose_broker, recorded
@@ -345,3 +348,49 @@ async def test_the_console_script_serves_lookups(
 
 async def _exists(path: Path) -> bool:
     return await asyncio.to_thread(path.exists)
+
+
+async def test_a_subscription_address_collects_from_its_topic_before_any_consumer(
+    setup: dict[str, Any], config_stub: config_pb2_grpc.ConfigServiceStub
+) -> None:
+    brokers = setup["brokers"]
+    await place_topic(config_stub, "broker-1")
+    await config_stub.CreateAddress(
+        resources_pb2.Address(
+            metadata=resources_pb2.Metadata(name="audit", space="shop"),
+            spec=resources_pb2.AddressSpec(
+                address="audit",
+                type="subscription",
+                plan="standard-small-subscription",
+                topic="prices",
+            ),
+        )
+    )
+    holder = brokers["broker-1"]
+
+    async def created() -> Any:
+        found = await asyncio.to_thread(holder.addresses)
+        return found.get("prices/all::audit")
+
+    subscription = await eventually(created, what="prices/all::audit on broker-1")
+    assert (subscription.kind, subscription.durable) == ("subscription", True)
+    assert "prices/all::audit" not in await asyncio.to_thread(brokers["broker-0"].addresses)
+
+    # published after the address was made, before anybody consumes: kept for the subscription
+    got = await asyncio.to_thread(_publish_then_consume, holder.amqp_port)
+    assert got == ["p1", "p2", "p3"]
+
+
+def _publish_then_consume(port: int) -> list[str]:
+    with Client("127.0.0.1", port) as publisher:
+        sender = publisher.sender("prices/all")
+        for body in ("p1", "p2", "p3"):
+            assert sender.send(codec.encode_message(body)).outcome is Outcome.ACCEPTED
+    with Client("127.0.0.1", port) as consumer:
+        receiver = consumer.receiver("prices/all::audit", credit=10)
+        bodies = []
+        for _ in range(3):
+            delivery = receiver.receive(10)
+            bodies.append(str(codec.read_body(delivery.payload)))
+            receiver.accept(delivery)
+    return bodies

@@ -97,6 +97,7 @@ class RouterAgent:
         self._channel: grpc.aio.Channel | None = None
         self._channel_target = ""
         self._status_tasks: dict[str, asyncio.Task[None]] = {}
+        self._failing: dict[str, str] = {}
 
     # ------------------------------------------------------------ running
 
@@ -280,17 +281,10 @@ class RouterAgent:
             if status is not None:
                 writes.append(self._write_address(stub, address, status))
         failures = Counter(code for code in await asyncio.gather(*writes) if code)
-        if failures:
-            # one line per batch, not per address: a config service that is down would
-            # otherwise log thousands of lines per pass
-            log.warning(
-                "address status writes failed",
-                failures=dict(failures),
-                of=len(writes),
-                space=addresses[0].metadata.space,
-            )
-        self.status_writes += len(writes)
-        return len(writes)
+        if writes:
+            self._report_failures(addresses[0].metadata.space, failures)
+        self.status_writes += len(writes) - failures.total()
+        return len(writes) - failures.total()
 
     async def _write_address(
         self,
@@ -335,9 +329,20 @@ class RouterAgent:
         )
         failed = await _tolerant(stub.UpdateAddressSpaceStatus(request, timeout=STATUS_DEADLINE))
         if failed:
-            log.warning("address space status write failed", space=space.metadata.name, code=failed)
+            return 0  # the address writes of the same batch failed alike and said so
         self.status_writes += 1
         return 1
+
+    def _report_failures(self, space: str, failures: Counter[str]) -> None:
+        """One line when writes start or stop failing, not one per address and pass: a config
+        service that is down would otherwise log thousands of lines."""
+        signature = ",".join(sorted(failures))
+        if signature != self._failing.get(space, ""):
+            if failures:
+                log.warning("status writes failing", space=space, failures=dict(failures))
+            else:
+                log.info("status writes succeed again", space=space)
+            self._failing[space] = signature
 
     # ------------------------------------------------------------ what the servicer shows
 

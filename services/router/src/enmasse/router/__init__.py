@@ -10,8 +10,10 @@ Pure domain (no network; unit-tested without processes):
 - `stats`: counters.
 
 On the shared AMQP engine (`enmasse.common.amqp.engine`):
-- `forwarding`: the `Router` core: deliveries in, sends out, outcomes back, credit, the mesh and
-  broker links;
+- `forwarding`: the `Router` core: deliveries in, sends out, outcomes back, credit;
+- `inter_router`: its mesh side (`MeshLinks`): neighbours, adverts, links towards other routers;
+- `waypoints`: its broker side (`BrokerLinks`): broker connections, senders, consumer feeds;
+- `points`: the per-address and per-link state the three share;
 - `handlers`: thin engine handlers for client, inter-router and broker connections;
 - `admin`: the RouterAdmin gRPC servicer, posting into the engine thread;
 - `main`: `enmasse-router`, wiring and start-up only.

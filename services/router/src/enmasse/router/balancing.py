@@ -5,9 +5,12 @@ link towards the next-hop router) and, per delivery, a credit test. Out: the tar
 None when nobody can take it now.
 
 Rule (Qpid Dispatch's): least outstanding (sent, not yet settled) first; among equals, round robin,
-so three idle consumers with plenty of credit each get a third. A target without credit is skipped:
-a slow consumer does not stall the address. The balancer keeps the outstanding counts itself
-(`sent` / `settled`), so the proton side only reports events.
+so three idle consumers with plenty of credit each get a third. A target may stand for several
+consumers (the link towards another router that has three of them): its `weight` divides its
+outstanding count and gives it that many turns in the rotation, so deliveries are balanced over
+consumers, not over links. A target without credit is skipped: a slow consumer does not stall the
+address. The balancer keeps the outstanding counts itself (`sent` / `settled`), so the proton side
+only reports events.
 """
 
 from __future__ import annotations
@@ -20,51 +23,60 @@ T = TypeVar("T")
 
 class Balancer(Generic[T]):
     def __init__(self) -> None:
-        self._targets: list[T] = []
+        self._rotation: list[T] = []  # each target `weight` times
         self._outstanding: dict[T, int] = {}
+        self._weight: dict[T, int] = {}
         self._next = 0
 
     def __len__(self) -> int:
-        return len(self._targets)
+        return len(self._outstanding)
 
     def __contains__(self, target: object) -> bool:
         return target in self._outstanding
 
     @property
     def targets(self) -> list[T]:
-        return list(self._targets)
+        return list(self._outstanding)
 
-    def add(self, target: T) -> None:
-        if target not in self._outstanding:
-            self._targets.append(target)
-            self._outstanding[target] = 0
+    def add(self, target: T, *, weight: int = 1) -> None:
+        """Adds a target, or changes its weight (its outstanding count stays)."""
+        weight = max(1, weight)
+        if self._weight.get(target) == weight:
+            return
+        outstanding = self._outstanding.get(target, 0)
+        self.remove(target)
+        self._outstanding[target] = outstanding
+        self._weight[target] = weight
+        self._rotation.extend([target] * weight)
 
     def remove(self, target: T) -> None:
-        if target in self._outstanding:
-            index = self._targets.index(target)
-            del self._targets[index]
-            del self._outstanding[target]
-            if index < self._next:
-                self._next -= 1
-            if self._next >= len(self._targets):
-                self._next = 0
+        if target not in self._outstanding:
+            return
+        before = self._rotation[: self._next].count(target)
+        self._rotation = [t for t in self._rotation if t != target]
+        self._next -= before
+        if self._next >= len(self._rotation):
+            self._next = 0
+        del self._outstanding[target]
+        del self._weight[target]
 
     def outstanding(self, target: T) -> int:
         return self._outstanding.get(target, 0)
 
     def choose(self, has_credit: Callable[[T], bool]) -> T | None:
-        """The target with credit and the fewest outstanding; ties: the next in rotation."""
-        count = len(self._targets)
-        if count == 1:
-            only = self._targets[0]
+        """The target with credit and the least outstanding per weight; ties: rotation order."""
+        rotation = self._rotation
+        if len(self._outstanding) == 1:
+            only = rotation[0]
             return only if has_credit(only) else None
         best: T | None = None
-        best_load = 0
+        best_load = 0.0
         best_index = 0
+        count = len(rotation)
         for step in range(count):
             index = (self._next + step) % count
-            target = self._targets[index]
-            load = self._outstanding[target]
+            target = rotation[index]
+            load = self._outstanding[target] / self._weight[target]
             if (best is None or load < best_load) and has_credit(target):
                 best, best_load, best_index = target, load, index
                 if load == 0:

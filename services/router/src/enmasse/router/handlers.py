@@ -1,7 +1,8 @@
 """The proton side of the router: one thin engine handler per kind of connection.
 
 Engine events flow in (see `enmasse.common.amqp.engine.ConnectionHandler`); each handler only says
-which kind of connection the event came from and passes it to the `Router` core in `forwarding.py`:
+which kind of connection the event came from and passes it to the `Router` (`forwarding.py`), or
+to its mesh side (`router.mesh_links`) or broker side (`router.broker_links`):
 
 - `ClientHandler`: connections accepted on the client port (producers, consumers, RPC clients);
 - `MeshHandler`: connections between routers, accepted on the inter-router port or dialled by us;
@@ -21,7 +22,9 @@ from enmasse.common.amqp.engine import (
     Link,
     Outcome,
 )
-from enmasse.router.forwarding import BrokerSession, ConnectionRole, Router
+from enmasse.router.forwarding import Router
+from enmasse.router.points import ConnectionRole
+from enmasse.router.waypoints import BrokerSession
 
 
 class _Deliveries(ConnectionHandler):
@@ -69,16 +72,16 @@ class MeshHandler(_Deliveries):
                 )
             )
             return
-        self.router.neighbor_open(conn, peer_id=peer)
+        self.router.mesh_links.neighbor_open(conn, peer_id=peer)
 
     def on_connection_close(self, conn: Connection, error: Condition | None) -> None:
-        self.router.neighbor_closed(conn, expected=self.expected)
+        self.router.mesh_links.neighbor_closed(conn, expected=self.expected)
 
     def on_link_attach(self, link: Link) -> None:
-        self.router.mesh_attach(link)
+        self.router.mesh_links.attach(link)
 
     def on_link_detach(self, link: Link, *, closed: bool, error: Condition | None) -> None:
-        self.router.mesh_link_detached(link)
+        self.router.mesh_links.link_detached(link)
 
 
 class BrokerHandler(_Deliveries):
@@ -87,13 +90,13 @@ class BrokerHandler(_Deliveries):
         self.session = session
 
     def on_connection_open(self, conn: Connection) -> None:
-        self.router.broker_open(self.session, conn)
+        self.router.broker_links.broker_open(self.session, conn)
 
     def on_connection_close(self, conn: Connection, error: Condition | None) -> None:
-        self.router.broker_closed(self.session, conn)
+        self.router.broker_links.broker_closed(self.session, conn)
 
     def on_link_attach(self, link: Link) -> None:
         link.refuse(Condition("amqp:not-allowed", "a router takes no links from a broker"))
 
     def on_link_detach(self, link: Link, *, closed: bool, error: Condition | None) -> None:
-        self.router.broker_link_detached(link)
+        self.router.broker_links.link_detached(link)

@@ -1,7 +1,8 @@
 """The mesh as one router sees it: link-state adverts in; next hops and consumers out.
 
 Every router of a space floods a `RouterAdvert` to its neighbours whenever what it offers changes:
-its neighbours (with the link cost) and the addresses it has consumers for. A router keeps the
+its neighbours (with the link cost) and the addresses it has consumers for (with how many, so
+that anycast balances over consumers, not over routers). A router keeps the
 newest advert of every origin (by sequence number; a restarted router starts from the wall clock in
 nanoseconds, so its first advert supersedes whatever its previous life said) and recomputes:
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 import heapq
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -30,7 +31,7 @@ class RouterAdvert:
     router_id: str
     sequence: int
     neighbors: Mapping[str, int] = field(default_factory=dict)
-    addresses: frozenset[str] = frozenset()
+    addresses: Mapping[str, int] = field(default_factory=dict)  # address -> local consumers
 
     def encode(self) -> bytes:
         return json.dumps(
@@ -38,7 +39,7 @@ class RouterAdvert:
                 "router_id": self.router_id,
                 "sequence": self.sequence,
                 "neighbors": dict(self.neighbors),
-                "addresses": sorted(self.addresses),
+                "addresses": dict(sorted(self.addresses.items())),
             },
             separators=(",", ":"),
         ).encode()
@@ -53,7 +54,7 @@ class RouterAdvert:
                 router_id=str(raw["router_id"]),
                 sequence=int(raw["sequence"]),
                 neighbors=neighbors,
-                addresses=frozenset(str(a) for a in raw["addresses"]),
+                addresses={str(a): int(n) for a, n in raw["addresses"].items()},
             )
         except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as error:
             raise ValueError(f"malformed router advert: {error}") from None
@@ -80,12 +81,12 @@ class LinkStateDatabase:
         return list(self._adverts.values())
 
     def set_local(
-        self, *, neighbors: Mapping[str, int], addresses: Iterable[str]
+        self, *, neighbors: Mapping[str, int], addresses: Mapping[str, int]
     ) -> RouterAdvert | None:
         """Updates this router's own advert; returns it when it changed (flood it), else None."""
-        addresses = frozenset(addresses)
+        addresses = dict(addresses)
         current = self.local
-        if dict(current.neighbors) == dict(neighbors) and current.addresses == addresses:
+        if dict(current.neighbors) == dict(neighbors) and dict(current.addresses) == addresses:
             return None
         self._sequence += 1
         advert = RouterAdvert(
@@ -123,6 +124,11 @@ class LinkStateDatabase:
     def routers_with_consumers(self, address: str) -> frozenset[str]:
         """Reachable OTHER routers that advertise consumers for `address`."""
         return self._consumers_at.get(address, frozenset())
+
+    def consumers_at(self, router_id: str, address: str) -> int:
+        """How many consumers for `address` the router `router_id` advertised."""
+        advert = self._adverts.get(router_id)
+        return advert.addresses.get(address, 0) if advert is not None else 0
 
     def multicast_next_hops(self, *, origin: str, address: str) -> list[str]:
         """Neighbours to send a multicast copy to, for a copy that entered the mesh at `origin`.

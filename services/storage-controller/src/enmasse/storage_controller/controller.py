@@ -48,6 +48,7 @@ RPC_TIMEOUT = 5.0
 PROBE_TIMEOUT = 2.0
 DRAIN_TIMEOUT = 120.0
 CONCURRENCY = 16
+ENSURE_BUDGET = 100
 # A broker that is not up yet is asked again every pass: gRPC's default reconnect back-off
 # (up to two minutes) would hide a broker that just came up.
 CHANNEL_OPTIONS = [
@@ -79,6 +80,8 @@ class SpacePass:
     refusals: dict[str, str] = field(default_factory=dict)
     up: dict[str, broker_pb2.ListAddressesResponse] = field(default_factory=dict)
     settled: bool = True
+    budget: int = 0  # ensure calls this pass may still make
+    deferred: set[str] = field(default_factory=set)  # addresses left for the next pass
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,8 @@ class StorageController:
         self._known: dict[str, dict[str, _Known]] = {}
         self._deletions: dict[str, list[_Known]] = {}
         self._written: dict[tuple[str, str], tuple[bytes, int]] = {}
+        self._hurry = False
+        self._endpoints: dict[tuple[str, str], BrokerEndpoint | None] = {}
         self._held: dict[tuple[str, str], set[str]] = {}  # (space, broker): addresses it had
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._config_channel: grpc.aio.Channel | None = None
@@ -158,7 +163,9 @@ class StorageController:
                     log.exception("reconcile failed; retrying", space=space)
                     self._dirty.add(space)
             self.passes += 1
-            if self._dirty:
+            if self._hurry:
+                self._hurry = False  # work was cut into slices: the next slice at once
+            elif self._dirty:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.resync_interval)
             else:
@@ -188,6 +195,7 @@ class StorageController:
 
     async def reconcile_space(self, space: str) -> bool:
         """One pass; True when nothing is left to do for the space."""
+        self._endpoints.clear()
         found = self.informer.get("AddressSpace", space)
         if found is None:
             return await self._remove_space(space)
@@ -219,6 +227,8 @@ class StorageController:
             self._render(space, placement)
             self.placements[space] = placement
         await self._write_statuses(space, addresses, placement, found_pass)
+        if found_pass.deferred:
+            self._hurry = True
         return found_pass.settled and not placement.moves and not self._deletions.get(space)
 
     async def _remove_space(self, space: str) -> bool:
@@ -268,7 +278,7 @@ class StorageController:
         addresses: Sequence[resources_pb2.Address],
         plans: dict[str, resources_pb2.AddressPlan],
     ) -> SpacePass:
-        found = SpacePass()
+        found = SpacePass(budget=ENSURE_BUDGET)
         by_name = {a.metadata.name: a for a in addresses}
         brokers = list(placement.brokers.values())
         listings = await asyncio.gather(*(self._list(space, b.id) for b in brokers))
@@ -331,6 +341,12 @@ class StorageController:
         have = held.get(spec.address)
         if have is not None and have.kind == spec.type and _same_plan(have.plan, plan):
             return True
+        if found.budget <= 0:
+            # thousands at once: a pass stocks a slice, writes their statuses, and goes on
+            found.deferred.add(address.metadata.name)
+            found.settled = False
+            return False
+        found.budget -= 1
         request = broker_pb2.EnsureAddressRequest(name=spec.address, plan=plan)
         stub = self._broker_stub(space, broker_id)
         if stub is None:
@@ -371,8 +387,15 @@ class StorageController:
         except grpc.aio.AioRpcError:
             return None
 
+    def _endpoint(self, space: str, broker_id: str) -> BrokerEndpoint | None:
+        """Asked once per broker and pass: a directory may read files to answer."""
+        key = (space, broker_id)
+        if key not in self._endpoints:
+            self._endpoints[key] = self.directory.endpoint(space, broker_id)
+        return self._endpoints[key]
+
     def _broker_stub(self, space: str, broker_id: str) -> broker_pb2_grpc.BrokerAdminStub | None:
-        endpoint = self.directory.endpoint(space, broker_id)
+        endpoint = self._endpoint(space, broker_id)
         if endpoint is None:
             return None
         channel = self._channels.get(endpoint.admin)
@@ -472,7 +495,7 @@ class StorageController:
             )
         if source not in found.up:
             return False  # down: never reported drained
-        target_endpoint = self.directory.endpoint(space, target)
+        target_endpoint = self._endpoint(space, target)
         stub = self._broker_stub(space, source)
         if target_endpoint is None or stub is None:
             return False
@@ -527,7 +550,7 @@ class StorageController:
     ) -> None:
         changes: list[Coroutine[Any, Any, None]] = []
         for address in addresses:
-            if address.spec.type not in BROKERED_TYPES:
+            if address.spec.type not in BROKERED_TYPES or address.metadata.name in found.deferred:
                 continue
             desired = address_status(
                 address=address,

@@ -37,6 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--gitops-dir",
+        "--gitops-checkout",
         type=Path,
         required=True,
         help="the GitOps output: broker workloads go to <dir>/workloads/<space>/",
@@ -50,7 +51,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--listen", default="127.0.0.1:0", help="host:port for gRPC health")
     parser.add_argument("--resync", type=float, default=1.0, help="seconds between retries")
-    return parser.parse_args(argv)
+    # What k8s/base/storage-controller.yaml passes for committing to a git remote: accepted so the
+    # Deployment starts, but committing and pushing is not built yet (the directory is written).
+    parser.add_argument("--gitops-repo", default="", help="git remote (not pushed to yet)")
+    parser.add_argument("--gitops-path", default="workloads", help="must be 'workloads'")
+    parser.add_argument("--git-credentials", default="", help="unused until pushing is built")
+    args = parser.parse_args(argv)
+    if args.gitops_path != "workloads":
+        parser.error("--gitops-path: only 'workloads' is supported")
+    return args
 
 
 async def serve(args: argparse.Namespace) -> None:
@@ -65,6 +74,8 @@ async def serve(args: argparse.Namespace) -> None:
     host, _, port = args.listen.rpartition(":")
     running = await start_server(registrations=[], host=host or "127.0.0.1", port=int(port or 0))
     log.info("serving", port=running.port, config=args.config, gitops_dir=str(args.gitops_dir))
+    if args.gitops_repo:
+        log.warning("committing to a git remote is not built: writing the directory only")
     controller.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

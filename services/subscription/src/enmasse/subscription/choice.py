@@ -15,6 +15,10 @@ Why it is built so:
   it. Once recorded, the recorded broker wins for as long as the topic is still placed on it
   (Active or Draining): a subscription with messages waiting must not move because the broker
   set changed.
+- a `subscription` Address (type subscription, reading topic T) is a shared durable
+  subscription named after its address, `T::<address>` on the broker: the service creates it
+  there as soon as the address is placed, so it keeps what T publishes from then on, before any
+  consumer came.
 - the record is an annotation on the topic Address, `subscription.enmasse.io/<identity>:
   <broker>`, written through the config service (so it lives in etcd with the topic and goes
   away with it). A GitOps re-apply that drops annotations loses only the record, not the
@@ -109,3 +113,23 @@ def choose_broker(
             f"topic '{topic}' is not placed on an Active broker yet",
         )
     return max(active, key=lambda broker: weight(identity, broker))
+
+
+def subscription_queue(*, topic: str, name: str) -> str:
+    """The broker node of the subscription `name` of `topic` (what routers attach to)."""
+    return f"{topic}{SEPARATOR}{name}"
+
+
+def subscription_address_broker(
+    *,
+    name: str,
+    topic: str,
+    own: Sequence[tuple[str, str]],
+    topic_placement: Sequence[tuple[str, str]],
+) -> str:
+    """The broker that holds a `subscription` address: its own placement (the storage-
+    controller's) when it has one, else a choice among its topic's brokers, as for any
+    durable subscription named `name`."""
+    return choose_broker(
+        identity=name, topic=topic, placement=own or topic_placement, recorded_broker=None
+    )

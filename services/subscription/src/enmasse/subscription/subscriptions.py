@@ -13,15 +13,22 @@ each other's record. Between instances the record is compare-and-swap: on ABORTE
 is read and the decision made again on top of it, so the first recorded choice wins everywhere.
 The broker is made to hold the topic BEFORE the choice is recorded: a recorded choice always
 names a broker that has the topic.
+
+Beside the look-ups, a loop follows the `subscription` Addresses: each, once placed, gets its
+shared durable subscription `<topic>::<address>` on its broker (an AMQP attach and detach, on a
+thread), which is the node routers attach its consumers to.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 
 import grpc
 import structlog
+from enmasse.common.amqp.client import AmqpError, Client
+from enmasse.common.amqp.engine import Terminus
 from enmasse.common.informer import Informer
 from enmasse.common.validation import object_of
 from enmasse.subscription.brokers import BrokerEndpoint, PortsTreeBrokers
@@ -32,6 +39,8 @@ from enmasse.subscription.choice import (
     choose_broker,
     recorded,
     subscriber_of,
+    subscription_address_broker,
+    subscription_queue,
 )
 from enmasse.v1 import (
     broker_pb2,
@@ -46,6 +55,8 @@ log = structlog.get_logger(__name__)
 
 CALL_DEADLINE = 10.0
 RECORD_ATTEMPTS = 5
+PASS_SECONDS = 1.0
+CONTAINER_ID = "enmasse-subscription"
 TopicKey = tuple[str, str]  # (space, topic resource name)
 
 
@@ -56,15 +67,33 @@ class DurableSubscriptions:
         self._config_target = config_target
         self.brokers = brokers
         self.informer = Informer(
-            target=config_target, kinds=["AddressSpace", "Address", "AddressPlan"]
+            target=config_target,
+            kinds=["AddressSpace", "Address", "AddressPlan"],
+            on_added=self._changed,
+            on_modified=self._changed,
         )
         self._locks: dict[TopicKey, asyncio.Lock] = {}
         self._written: dict[TopicKey, resources_pb2.Address] = {}
+        self.made: dict[TopicKey, str] = {}  # subscription address -> the broker holding it
+        self._not_yet: dict[TopicKey, str] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def _changed(self, _resource: resources_pb2.Resource) -> None:
+        self._wake.set()
 
     def start(self) -> None:
         self.informer.start()
+        self._task = asyncio.get_running_loop().create_task(
+            self._follow_subscription_addresses(), name="subscription-addresses"
+        )
 
     async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
         await self.informer.stop()
 
     def _target(self) -> str:
@@ -226,6 +255,92 @@ class DurableSubscriptions:
             )
         return endpoint
 
+    # ------------------------------------------------------------ subscription addresses
+
+    async def _follow_subscription_addresses(self) -> None:
+        await self.informer.synced.wait()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=PASS_SECONDS)
+            self._wake.clear()
+            try:
+                await self.ensure_subscription_addresses()
+            except Exception:
+                log.exception("subscription addresses pass failed")
+
+    async def ensure_subscription_addresses(self) -> None:
+        """Each placed `subscription` Address of a standard space gets its durable shared
+        subscription on its broker, once per (address, broker); what cannot be done yet (no
+        placement, broker not running) is tried again on the next pass."""
+        addresses = [object_of(r) for r in self.informer.list("Address")]
+        present = {(a.metadata.space, a.metadata.name) for a in addresses}
+        for gone in [key for key in self.made if key not in present]:
+            del self.made[gone]  # deleted: made again if it comes back
+        for address in addresses:
+            if address.spec.type != "subscription":
+                continue
+            key = (address.metadata.space, address.metadata.name)
+            try:
+                broker = self._subscription_broker(address)
+                if self.made.get(key) == broker:
+                    continue
+                await self._make_subscription(address, broker)
+            except Refusal as refusal:
+                if self._not_yet.get(key) != refusal.message:  # once per reason, not per pass
+                    log.info(
+                        "subscription address waits",
+                        space=key[0],
+                        address=key[1],
+                        reason=refusal.message,
+                    )
+                    self._not_yet[key] = refusal.message
+                continue
+            self.made[key] = broker
+            self._not_yet.pop(key, None)
+
+    def _subscription_broker(self, address: resources_pb2.Address) -> str:
+        space = address.metadata.space
+        self._standard_space(space)
+        topic = self._topic_by_name(space, address.spec.topic)
+        return subscription_address_broker(
+            name=address.spec.address,
+            topic=topic.spec.address,
+            own=[(b.broker, b.state) for b in address.status.brokers],
+            topic_placement=[(b.broker, b.state) for b in topic.status.brokers],
+        )
+
+    async def _make_subscription(self, address: resources_pb2.Address, broker: str) -> None:
+        space = address.metadata.space
+        topic = self._topic_by_name(space, address.spec.topic)
+        endpoint = self._endpoint(space, broker)
+        await self._ensure_topic(endpoint, topic)
+        try:
+            await asyncio.to_thread(
+                subscribe_durably, endpoint, topic=topic.spec.address, name=address.spec.address
+            )
+        except (AmqpError, OSError, TimeoutError) as error:
+            raise Refusal(
+                grpc.StatusCode.UNAVAILABLE,
+                f"broker '{broker}' did not take subscription "
+                f"'{subscription_queue(topic=topic.spec.address, name=address.spec.address)}': "
+                f"{error}",
+            ) from None
+        log.info(
+            "subscription address created",
+            space=space,
+            address=address.spec.address,
+            topic=topic.spec.address,
+            broker=broker,
+        )
+
+    def _topic_by_name(self, space: str, name: str) -> resources_pb2.Address:
+        found = self.informer.get("Address", name, space=space)
+        if found is None or object_of(found).spec.type != "topic":
+            raise Refusal(
+                grpc.StatusCode.NOT_FOUND, f"topic '{name}' not found in address space '{space}'"
+            )
+        return object_of(found)
+
     # ------------------------------------------------------------ listing
 
     async def list(
@@ -269,3 +384,19 @@ def _location(
         port=endpoint.amqp_port,
         created=created,
     )
+
+
+def subscribe_durably(endpoint: BrokerEndpoint, *, topic: str, name: str) -> None:
+    """Creates (or finds) the shared durable subscription `name` of `topic` on the broker: a
+    receiver attaches with a durable, never-expiring, shared source and detaches (not closes),
+    which leaves the subscription collecting. Blocking: run it on a thread."""
+    with Client(endpoint.host, endpoint.amqp_port, container_id=CONTAINER_ID, timeout=10) as client:
+        receiver = client.receiver(
+            topic,
+            name=name,
+            credit=0,
+            source=Terminus(
+                address=topic, durable=2, expiry_policy="never", capabilities=("shared",)
+            ),
+        )
+        receiver.detach()

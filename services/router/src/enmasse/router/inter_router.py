@@ -1,0 +1,259 @@
+"""The router's side of the mesh: connections to the other routers of its space.
+
+What flows in: the configuration's peers (each pair of routers connects once: the greater
+router id dials the smaller), inter-router connections and their links, adverts from neighbours,
+and deliveries that neighbours route to or through this router. What flows out: this router's
+advert, flooded to every neighbour whenever its neighbours or the addresses it has consumers for
+change (and every advert learnt, flooded on), the link-state database kept current (which the
+core asks for next hops and reachable consumers), and links towards neighbours that carry
+deliveries: `_mesh/to/<router>/<address>` for anycast (passed on hop by hop towards `<router>`)
+and `_mesh/mc/<origin>/<address>` for multicast copies.
+
+Why links named after their destination: a delivery on `_mesh/to/r3/orders` needs no header
+rewrite and no per-message lookup of where it is going; the receiving router reads the link's
+address once, at attach. A lost neighbour (its connection closed or reset, as when its process is
+killed) is dropped from this router's advert at once, and the routers that hear of it recompute
+their routes: the mesh converges in the time the adverts take to cross it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from enmasse.common.amqp import codec
+from enmasse.common.amqp.engine import Condition, Connection, Delivery, Link
+from enmasse.router.config import MeshPeer
+from enmasse.router.fanout import CopyQueue
+from enmasse.router.mesh import RouterAdvert
+from enmasse.router.points import (
+    ANYCAST,
+    CONTROL_WINDOW,
+    MESH_CONTROL,
+    MESH_TO,
+    MULTICAST,
+    REDIAL_SECONDS,
+    TRANSIT_WINDOW,
+    ConnectionRole,
+    LinkState,
+    Role,
+    mesh_target,
+)
+
+if TYPE_CHECKING:
+    from enmasse.router.forwarding import Router
+
+
+@dataclass(eq=False)
+class Neighbor:
+    router_id: str
+    connection: Connection
+    cost: int
+    control: Link | None = None
+    backlog: deque[bytes] = field(default_factory=deque)
+    senders: dict[str, Link] = field(default_factory=dict)  # target address -> our link
+
+
+class MeshLinks:
+    """Connections and links to the other routers of the mesh, for one router."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self.neighbors: dict[str, Neighbor] = {}
+        self._dialing: dict[str, int] = {}  # peer router id -> attempts so far
+
+    def sync_peers(self) -> None:
+        wanted = {p.router_id: p for p in self.router.config.peers}
+        for router_id, neighbor in list(self.neighbors.items()):
+            if router_id not in wanted:
+                neighbor.connection.close(
+                    Condition("amqp:connection:forced", f"router '{router_id}' left the mesh")
+                )
+        for peer in self.router.config.peers_to_dial(router_id=self.router.router_id):
+            if peer.router_id not in self.neighbors and peer.router_id not in self._dialing:
+                self._dial_peer(peer)
+
+    def _dial_peer(self, peer: MeshPeer) -> None:
+        current = {p.router_id: p for p in self.router.config.peers}.get(peer.router_id)
+        if current is None or peer.router_id in self.neighbors:
+            self._dialing.pop(peer.router_id, None)
+            return
+        from enmasse.router.handlers import MeshHandler
+
+        self._dialing[peer.router_id] = self._dialing.get(peer.router_id, 0)
+        self.router.engine.connect(
+            host=current.host,
+            port=current.port,
+            handler=MeshHandler(self.router, expected=current.router_id),
+            container_id=self.router.router_id,
+            idle_timeout=self.router.idle_timeout,
+        )
+
+    def neighbor_open(self, conn: Connection, *, peer_id: str | None) -> None:
+        if not peer_id or "/" in peer_id or peer_id == self.router.router_id:
+            conn.close(Condition("amqp:unauthorized-access", f"'{peer_id}' is not a router id"))
+            return
+        if peer_id in self.neighbors:
+            conn.close(
+                Condition("amqp:resource-locked", f"router '{peer_id}' is already connected")
+            )
+            return
+        self._dialing.pop(peer_id, None)
+        self.router.open_connection(conn, role=ConnectionRole.INTER_ROUTER)
+        cost = next((p.cost for p in self.router.config.peers if p.router_id == peer_id), 1)
+        neighbor = Neighbor(router_id=peer_id, connection=conn, cost=cost)
+        self.neighbors[peer_id] = neighbor
+        control = conn.open_sender(
+            MESH_CONTROL, name=f"{self.router.router_id}/control", settled=True
+        )
+        control.context = LinkState(role=Role.CONTROL_OUT, router=peer_id)
+        neighbor.control = control
+        for advert in self.router.mesh.adverts():
+            neighbor.backlog.append(advert.encode())
+        self.router.log.info("router connected", peer=peer_id)
+        self.advertise()
+        self.router.mesh_changed()
+
+    def neighbor_closed(self, conn: Connection, *, expected: str | None) -> None:
+        self.router.close_record(conn)
+        gone = next((n for n in self.neighbors.values() if n.connection is conn), None)
+        if gone is not None:
+            del self.neighbors[gone.router_id]
+            self.router.log.warning("router connection lost", peer=gone.router_id)
+            self.advertise()
+            self.router.mesh_changed()
+        if expected is not None:
+            peer = next((p for p in self.router.config.peers if p.router_id == expected), None)
+            if peer is not None and expected not in self.neighbors:
+                attempt = self._dialing.get(expected, 0)
+                self._dialing[expected] = attempt + 1
+                delay = REDIAL_SECONDS[min(attempt, len(REDIAL_SECONDS) - 1)]
+                self.router.engine.call_later(delay, lambda: self._dial_peer(peer))
+            else:
+                self._dialing.pop(expected, None)
+
+    def attach(self, link: Link) -> None:
+        """A neighbour attached a link to us: control, anycast transit or multicast."""
+        neighbor = self._neighbor_of(link.connection)
+        address = link.address or ""
+        if neighbor is None or link.is_sender:
+            link.refuse(Condition("amqp:not-allowed", "inter-router links carry messages to us"))
+            return
+        if address == MESH_CONTROL:
+            link.context = LinkState(role=Role.CONTROL_IN, router=neighbor.router_id)
+            link.accept()
+            link.flow(CONTROL_WINDOW)
+            return
+        router, target = mesh_target(address)
+        if router and target:
+            role = Role.TRANSIT_IN if address.startswith(MESH_TO) else Role.MULTICAST_IN
+            link.context = LinkState(
+                role=role, point=self.router.transit_point(target), router=router
+            )
+            link.accept()
+            link.flow(TRANSIT_WINDOW)
+            return
+        link.refuse(Condition("amqp:not-found", f"no inter-router address '{address}'"))
+
+    def link_detached(self, link: Link) -> None:
+        state = link.context
+        if not isinstance(state, LinkState):
+            return
+        if state.role in (Role.TRANSIT_OUT, Role.MULTICAST_OUT):
+            neighbor = self._neighbor_of(link.connection)
+            if neighbor is not None:
+                neighbor.senders.pop(link.address or "", None)
+            point = state.point
+            if point is not None:
+                point.targets.remove(link)
+                for router, remote in list(point.remote.items()):
+                    if remote is link:
+                        del point.remote[router]
+            self.router.target_lost(link)
+
+    def _neighbor_of(self, conn: Connection) -> Neighbor | None:
+        return next((n for n in self.neighbors.values() if n.connection is conn), None)
+
+    def sender_towards(self, router_id: str, address: str, *, role: Role) -> Link | None:
+        neighbor = self.neighbors.get(router_id)
+        if neighbor is None:
+            return None
+        link = neighbor.senders.get(address)
+        if link is None or not link.is_open:
+            link = neighbor.connection.open_sender(
+                address, name=f"{self.router.router_id}/{address}"
+            )
+            point = self.router.points.get(mesh_target(address)[1])
+            link.context = LinkState(
+                role=role,
+                point=point,
+                router=router_id,
+                copies=CopyQueue() if role is Role.MULTICAST_OUT else None,
+            )
+            neighbor.senders[address] = link
+        return link
+
+    def from_transit(self, link: Link, state: LinkState, delivery: Delivery) -> None:
+        if link.credit < TRANSIT_WINDOW // 2:
+            link.flow(TRANSIT_WINDOW - link.credit)
+        point = state.point
+        if point is None:
+            self.router.release(None, delivery)
+            return
+        point.counters.deliveries_in += 1
+        if state.router == self.router.router_id:
+            if point.local:
+                self.router.route(point, delivery, local_only=True)
+            else:
+                self.router.release(point, delivery)
+            return
+        hop = self.router.mesh.next_hop(state.router)
+        onward = (
+            self.sender_towards(hop, link.address or "", role=Role.TRANSIT_OUT) if hop else None
+        )
+        if onward is None:
+            self.router.release(point, delivery)
+            return
+        settled = delivery.pre_settled
+        onward.send(delivery.payload, settled=settled, context=None if settled else delivery)
+        onward.connection.context.deliveries_out += 1
+
+    def from_control(self, link: Link, state: LinkState, delivery: Delivery) -> None:
+        link.flow(1)
+        try:
+            body = codec.read_body(delivery.payload)
+            advert = RouterAdvert.decode(body if isinstance(body, bytes) else str(body).encode())
+        except (ValueError, codec.CodecError) as error:
+            self.router.log.warning("bad advert", peer=state.router, error=str(error))
+            return
+        if self.router.mesh.learn(advert):
+            self._flood(advert, skip=state.router)
+            self.router.mesh_changed()
+
+    def advertise(self) -> None:
+        addresses = {
+            p.address: len(p.local)
+            for p in self.router.points.values()
+            if p.local and p.kind in (ANYCAST, MULTICAST)
+        }
+        neighbors = {n.router_id: n.cost for n in self.neighbors.values()}
+        advert = self.router.mesh.set_local(neighbors=neighbors, addresses=addresses)
+        if advert is not None:
+            self._flood(advert, skip=None)
+            self.router.mesh_changed()
+
+    def _flood(self, advert: RouterAdvert, *, skip: str | None) -> None:
+        encoded = advert.encode()
+        for neighbor in self.neighbors.values():
+            if neighbor.router_id != skip:
+                neighbor.backlog.append(encoded)
+                self.flush_control(neighbor.router_id)
+
+    def flush_control(self, router_id: str) -> None:
+        neighbor = self.neighbors.get(router_id)
+        if neighbor is None or neighbor.control is None:
+            return
+        control = neighbor.control
+        while neighbor.backlog and control.credit > 0:
+            control.send(codec.encode_message(neighbor.backlog.popleft()), settled=True)

@@ -1,0 +1,109 @@
+"""What the router keeps per address and per link: the state its three parts share.
+
+`AddressPoint`: one address as this router serves it (local consumers, the targets a delivery may
+go to, producers, deliveries waiting for credit, counters). `LinkState`: what one link is to the
+router (its `Role`, its address point, and per role a few fields), kept in `link.context` so that
+every engine event finds it without a lookup. `ConnectionRecord`: a connection's id and counters,
+in `connection.context`. The names of the router's own inter-router nodes live here too.
+
+Plain data: the forwarding core (`forwarding`), the mesh side (`inter_router`) and the broker
+side (`waypoints`) read and change it; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+
+from enmasse.common.amqp.engine import Connection, Delivery, Link
+from enmasse.router.addressing import Resolution
+from enmasse.router.balancing import Balancer
+from enmasse.router.config import Distribution
+from enmasse.router.fanout import CopyQueue
+from enmasse.router.stats import AddressCounters
+
+PRODUCER_WINDOW = 250
+TRANSIT_WINDOW = 1000
+CONTROL_WINDOW = 1000
+REDIAL_SECONDS = (0.1, 0.25, 0.5, 1.0)
+SWEEP_SECONDS = 30.0
+
+MESH_CONTROL = "_mesh/control"
+MESH_TO = "_mesh/to/"
+MESH_MULTICAST = "_mesh/mc/"
+
+ANYCAST = Distribution.ANYCAST.value
+MULTICAST = Distribution.MULTICAST.value
+
+
+class Role(enum.Enum):
+    PRODUCER = "producer"  # a client sends to us
+    CONSUMER = "consumer"  # we send to a client
+    TRANSIT_IN = "transit-in"  # a neighbour router sends anycast deliveries to us
+    TRANSIT_OUT = "transit-out"  # we send anycast deliveries to a neighbour
+    MULTICAST_IN = "multicast-in"
+    MULTICAST_OUT = "multicast-out"
+    CONTROL_IN = "control-in"
+    CONTROL_OUT = "control-out"
+    BROKER_OUT = "broker-out"  # we send a waypoint address's deliveries to a broker
+    BROKER_IN = "broker-in"  # a broker sends us deliveries for one client consumer
+
+
+class ConnectionRole(enum.Enum):
+    NORMAL = "normal"
+    INTER_ROUTER = "inter-router"
+    BROKER = "broker"
+
+
+@dataclass(eq=False)
+class AddressPoint:
+    """One address as this router serves it."""
+
+    address: str
+    kind: str
+    resolution: Resolution
+    local: list[Link] = field(default_factory=list)
+    targets: Balancer[Link] = field(default_factory=Balancer)
+    remote: dict[str, Link] = field(default_factory=dict)  # anycast: router -> link towards it
+    producers: list[Link] = field(default_factory=list)
+    pending: deque[Delivery] = field(default_factory=deque)
+    counters: AddressCounters = field(default_factory=AddressCounters)
+    multicast_hops: dict[str, list[str]] = field(default_factory=dict)  # origin -> neighbours
+    seen_at_sweep: int = -1  # deliveries_in at the last housekeeping sweep
+
+    @property
+    def waypoint(self) -> bool:
+        return self.resolution.waypoint
+
+
+@dataclass(eq=False)
+class LinkState:
+    role: Role
+    point: AddressPoint | None = None
+    router: str = ""  # transit: destination router; multicast: origin; control: the neighbour
+    consumer: Link | None = None  # broker-in: the client consumer it feeds
+    feeds: list[Link] = field(default_factory=list)  # waypoint consumer: its broker receivers
+    held: deque[Delivery] = field(default_factory=deque)  # waypoint consumer: awaiting credit
+    copies: CopyQueue[bytes] | None = None  # multicast out
+    durable: bool = False  # waypoint consumer: detach (not close) its broker links on the way out
+    deliveries: int = 0
+    unflowed: int = 0  # producer: deliveries taken since credit was last given back
+
+
+@dataclass(eq=False)
+class ConnectionRecord:
+    id: int
+    role: ConnectionRole
+    connection: Connection
+    deliveries_in: int = 0
+    deliveries_out: int = 0
+
+
+def mesh_target(address: str) -> tuple[str, str]:
+    """`_mesh/to/<router>/<address>` or `_mesh/mc/<router>/<address>` -> (router, address)."""
+    for prefix in (MESH_TO, MESH_MULTICAST):
+        if address.startswith(prefix):
+            router, _, target = address[len(prefix) :].partition("/")
+            return router, target
+    return "", ""
