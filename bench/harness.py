@@ -179,8 +179,21 @@ def _sender_worker(out: Any, kwargs: dict[str, Any]) -> None:
     out.put(("send", result, time.process_time() - started_cpu))
 
 
-def _receiver_worker(out: Any, ready: Any, kwargs: dict[str, Any]) -> None:
+def _receiver_worker(
+    out: Any, ready: Any, kwargs: dict[str, Any], shared: Any = None, total: int = 0
+) -> None:
     started_cpu = time.process_time()
+    if shared is not None:
+        reported = 0
+
+        def progress(received: int) -> bool:
+            nonlocal reported
+            with shared.get_lock():
+                shared.value += received - reported
+                reported = received
+                return bool(shared.value >= total)
+
+        kwargs = kwargs | {"progress": progress}
     result = amqp_client.run_receiver(ready=ready, **kwargs)
     out.put(("recv", result, time.process_time() - started_cpu))
 
@@ -231,12 +244,13 @@ def throughput(
     """N messages through a peer (broker, router, RabbitMQ) from producer to consumer processes.
 
     `address` may be one address (every producer and consumer uses it) or one per pair
-    (address[i % len] for producer i and consumer i). Consumers stop at their share or after
-    2 s with nothing new (competing consumers cannot know their share). peer_pid: the peer's
-    process, whose CPU per message is reported too (from /proc, so any process will do).
+    (address[i % len] for producer i and consumer i). Consumers stop when all of them together
+    received `messages` (a shared counter), or after 10 s with nothing new (loss). peer_pid:
+    the peer's process, whose CPU per message is reported too (from /proc: any process will do).
     """
     addresses = [address] if isinstance(address, str) else list(address)
     out, ready = _SPAWN.Queue(), [_SPAWN.Event() for _ in range(consumers)]
+    shared = _SPAWN.Value("q", 0)
     per_producer = [messages // producers + (i < messages % producers) for i in range(producers)]
     common = {"host": host, "port": port, "time_limit": time_limit}
     if user is not None:
@@ -252,8 +266,10 @@ def throughput(
                     "address": addresses[i % len(addresses)],
                     "count": messages,
                     "credit": credit,
-                    "idle_stop": 2.0,
+                    "idle_stop": 10.0,
                 },
+                shared,
+                messages,
             ),
         )
         for i in range(consumers)
@@ -287,7 +303,7 @@ def throughput(
         results, producers=producers, consumers=consumers, size=size, settled=settled
     )
     if peer_pid and summary.received:
-        # Includes the consumers' 2 s idle wait, during which an idle peer burns ~nothing.
+        # Includes the consumers' wind-down, during which an idle peer burns next to nothing.
         used = process_cpu_seconds(peer_pid) - peer_cpu_before
         summary.peer_cpu_us = used / summary.received * 1e6
     return summary
@@ -428,7 +444,7 @@ def latency(
             "count": count,
             "stamp": True,
             "time_limit": time_limit,
-            "idle_stop": 2.0,
+            "idle_stop": 10.0,
         }
         if user is not None:
             recv_args |= {"user": user, "password": password}
@@ -513,31 +529,35 @@ def throughput_table(
     *,
     host: str,
     port: int,
-    address: str | Sequence[str],
+    address: str | Sequence[str] | Callable[[int], str | Sequence[str]],
     messages: int = 200_000,
     size: int = 100,
     user: str | None = None,
     password: str | None = None,
     peer_pid: int | None = None,
 ) -> Table:
-    """The standard set through one peer: 1/1 and 4/4, acked and pre-settled."""
+    """The standard set through one peer: 1/1 and 4/4, acked and pre-settled.
+
+    `address` may be a function of the run's number (0..3) for peers that keep what a run
+    leaves behind (queues): fresh addresses per run keep the runs apart.
+    """
     table = Table(title, THROUGHPUT_COLUMNS)
-    for producers, consumers in ((1, 1), (4, 4)):
-        for settled in (False, True):
-            result = throughput(
-                host=host,
-                port=port,
-                address=address,
-                messages=ctx.messages(messages),
-                size=size,
-                producers=producers,
-                consumers=consumers,
-                settled=settled,
-                user=user,
-                password=password,
-                peer_pid=peer_pid,
-            )
-            throughput_row(table, result)
+    runs = [(p, c, settled) for p, c in ((1, 1), (4, 4)) for settled in (False, True)]
+    for run, (producers, consumers, settled) in enumerate(runs):
+        result = throughput(
+            host=host,
+            port=port,
+            address=address(run) if callable(address) else address,
+            messages=ctx.messages(messages),
+            size=size,
+            producers=producers,
+            consumers=consumers,
+            settled=settled,
+            user=user,
+            password=password,
+            peer_pid=peer_pid,
+        )
+        throughput_row(table, result)
     return table
 
 

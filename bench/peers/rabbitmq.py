@@ -218,7 +218,8 @@ def rabbitmq_suite(ctx: Context) -> Iterator[Table]:
             "RabbitMQ queue (AMQP 1.0 plugin), non-durable messages",
             host=node.host,
             port=node.port,
-            address=[f"/queue/bench-{i}" for i in range(4)],
+            # RabbitMQ keeps queues and what a run left in them: fresh queues for every run.
+            address=lambda run: [f"/queue/bench-{run}-{i}" for i in range(4)],
             messages=100_000,
             user=USER,
             password=PASSWORD,

@@ -488,3 +488,17 @@ def test_thousands_settled_in_random_order_each_get_their_own_outcome(amqp_liste
     engine.call_soon_threadsafe(settle_shuffled)
     outcomes = [f.result(30).outcome for f in futures]
     assert outcomes == [kinds[i % 4] for i in range(2000)]
+
+
+def test_nothing_is_left_behind_after_connections_come_and_go(queue_peer, amqp_client):
+    _queues, engine, port = queue_peer
+    for i in range(30):
+        client = amqp_client(port, container_id=f"visitor-{i}")
+        client.sender("q").send(codec.encode_message(b"hello"))
+        client.receiver("q", credit=1)
+        if i % 2:
+            client.close()  # a polite close
+        else:
+            client.engine.stop()  # gone without a close frame, as a crashed client would be
+    assert wait_for(lambda: engine.submit(lambda: len(engine.connections)).result(5) == 0)
+    assert engine.submit(lambda: (len(engine._links), len(engine._conn_by_ptr))).result(5) == (0, 0)

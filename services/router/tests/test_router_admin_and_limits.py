@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -14,6 +15,7 @@ from enmasse.common.amqp import codec
 from enmasse.common.amqp.client import AmqpError, BulkResult, Client, run_receiver, run_sender
 from enmasse.common.amqp.engine import Condition, Outcome
 from enmasse.v1 import router_pb2
+from google.protobuf import json_format
 
 from tests.fixtures.router import RouterFleet, RouterProcess
 
@@ -43,6 +45,20 @@ def test_apply_is_idempotent_and_refuses_older_generations(routers: RouterFleet)
     running = router.admin().GetConfig(router_pb2.GetConfigRequest(), timeout=10)
     assert running.generation == 4
     assert [a.address for a in running.addresses] == ["work"]
+
+
+def test_a_configuration_file_is_applied_before_clients_connect(
+    routers: RouterFleet, tmp_path: Path, clients: list[Client]
+) -> None:
+    config = routers.mesh_config(generation=7, addresses={"work": "anycast"})
+    path = tmp_path / "router-config.json"
+    path.write_text(json_format.MessageToJson(config))
+    router = routers.start("r1", extra_args=("--config", str(path)))
+    assert router.stats().generation == 7
+    client = _connect(router, clients)
+    receiver = client.receiver("work", credit=1)
+    client.sender("work").send_async(codec.encode_message(b"from file"))
+    assert codec.read_body(receiver.receive(10).payload) == b"from file"
 
 
 def test_bad_configuration_is_refused_and_the_running_one_keeps_serving(

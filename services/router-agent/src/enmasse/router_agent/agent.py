@@ -4,7 +4,8 @@ What flows in: Address and AddressSpace changes through the informer (spec and t
 storage-controller's placement), the router and broker directories, and the routers' answers.
 What flows out: a RouterConfig pushed to every router of every space (same generation, peers =
 the others), Address status phase (Active / Configuring with why) and AddressSpace status
-(phase, amqp endpoints of its routers) written through the config service.
+(phase, amqp endpoints of its routers) written through the config service, and, given a GitOps
+output directory, each standard space's router workloads rendered there (`workloads`).
 
 How it is built: one reconcile pass per wake-up (a store change, a directory change, or a tick
 that probes the routers). A pass is a pure computation (`routing`) followed by three idempotent
@@ -45,6 +46,7 @@ from enmasse.router_agent.routing import (
     space_readiness,
     status_to_write,
 )
+from enmasse.router_agent.workloads import RouterWorkloads
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2, router_pb2
 
 log = structlog.get_logger(__name__)
@@ -73,10 +75,12 @@ class RouterAgent:
         brokers: BrokerDirectory,
         tick: float = 0.5,
         probe_every: float = 1.0,
+        workloads: RouterWorkloads | None = None,
     ) -> None:
         self._config_target = config_target
         self.routers = routers
         self.brokers = brokers
+        self.workloads = workloads
         self.tick = tick
         self.probe_every = probe_every
         self.informer = Informer(
@@ -159,6 +163,8 @@ class RouterAgent:
         live = {s.metadata.name for s in spaces}
         for gone in [name for name in self.spaces if name not in live]:
             await self._forget(gone)
+        if self.workloads is not None:
+            await asyncio.to_thread(_render_workloads, self.workloads, sorted(live))
         stub = await self._config_stub(target)
         await asyncio.gather(*(self._space_pass(stub, space, probe=probe) for space in spaces))
 
@@ -369,6 +375,16 @@ class RouterAgent:
             for entry in stats.addresses:
                 _add_into(totals, entry)
         return [totals[a] for a in sorted(totals)], sorted(answered), sorted(silent)
+
+
+def _render_workloads(workloads: RouterWorkloads, spaces: list[str]) -> None:
+    """Every standard space has its routers rendered; a deleted one has them no more."""
+    for space in spaces:
+        if written := workloads.ensure_space(space):
+            log.info("router workloads rendered", space=space, routers=written)
+    for space in workloads.spaces():
+        if space not in spaces and (removed := workloads.remove_space(space)):
+            log.info("router workloads removed", space=space, routers=removed)
 
 
 def _add_into(totals: dict[str, router_pb2.AddressStats], entry: router_pb2.AddressStats) -> None:

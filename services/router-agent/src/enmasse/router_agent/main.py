@@ -2,9 +2,9 @@
 
 Reads the flags, builds the router and broker directories over the ports files the processes
 write (`<var>/routers/<space>/<id>/ports.json`, `<var>/brokers/<space>/<id>/ports.json`),
-starts the agent loop against the config service and serves RouterAgent (with health and
-reflection). The bound port goes to the log, to stdout as `listening on <host>:<port>` and, with
---port-file, into that file.
+starts the agent loop against the config service (rendering router workloads into --gitops-dir
+when given) and serves RouterAgent (with health and reflection). The bound port goes to the log,
+to stdout as `listening on <host>:<port>` and, with --port-file, into that file.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from enmasse.common.serving import start_server
 from enmasse.router_agent.agent import RouterAgent
 from enmasse.router_agent.directory import PortsTreeBrokers, PortsTreeRouters
 from enmasse.router_agent.servicer import SERVICE_NAME, RouterAgentServicer
+from enmasse.router_agent.workloads import RouterWorkloads
 from enmasse.v1 import router_agent_pb2_grpc
 
 log = structlog.get_logger("enmasse.router_agent")
@@ -43,6 +44,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--brokers-dir", default=None, help="default: <var>/brokers")
     parser.add_argument("--port-file", default=None, help="write the bound port to this file")
     parser.add_argument("--tick", type=float, default=0.5, help="seconds between passes")
+    parser.add_argument(
+        "--gitops-dir",
+        default=None,
+        help="render each standard space's router workloads to <dir>/workloads/<space>/",
+    )
+    parser.add_argument("--routers-per-space", type=int, default=1, help="routers in each mesh")
     return parser.parse_args(argv)
 
 
@@ -53,6 +60,11 @@ async def serve(args: argparse.Namespace) -> None:
         routers=PortsTreeRouters(Path(args.routers_dir or var / "routers")),
         brokers=PortsTreeBrokers(Path(args.brokers_dir or var / "brokers")),
         tick=args.tick,
+        workloads=(
+            RouterWorkloads(Path(args.gitops_dir), routers_per_space=args.routers_per_space)
+            if args.gitops_dir
+            else None
+        ),
     )
     host, _, port = args.listen.rpartition(":")
     running = await start_server(

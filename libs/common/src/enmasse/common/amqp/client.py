@@ -474,8 +474,10 @@ class _BulkReceive(ConnectionHandler):
         done: threading.Event,
         ready: _Settable | None = None,
         idle_stop: float | None = None,
+        progress: Callable[[int], bool] | None = None,
     ) -> None:
         self.address = address
+        self.progress = progress
         self.count = count
         self.credit = credit
         self.stamp = stamp
@@ -496,6 +498,8 @@ class _BulkReceive(ConnectionHandler):
         conn.engine.call_later(max(0.0, self.deadline - time.monotonic()), self._give_up)
         if self.idle_stop:
             conn.engine.call_later(self.idle_stop, self._check_idle)
+        if self.progress is not None:
+            conn.engine.call_later(0.05, self._report_progress)
 
     def on_link_open(self, link: Link) -> None:
         if self.ready is not None:
@@ -505,6 +509,15 @@ class _BulkReceive(ConnectionHandler):
         if error is not None and not self.done.is_set():
             self.result.error = str(error)
             self._give_up()
+
+    def _report_progress(self) -> None:
+        """Competing consumers share one total: each reports its count, any may learn it is over."""
+        if self.done.is_set() or self.engine is None or self.progress is None:
+            return
+        if self.progress(self.result.received):
+            self.done.set()
+            return
+        self.engine.call_later(0.05, self._report_progress)
 
     def _check_idle(self) -> None:
         """Competing consumers cannot know their share: stop once nothing came for a while."""
@@ -613,10 +626,13 @@ def run_receiver(
     idle_stop: float | None = None,
     user: str | None = None,
     password: str | None = None,
+    progress: Callable[[int], bool] | None = None,
 ) -> BulkResult:
     """Receives and accepts up to `count` messages from address on host:port; blocks until done.
 
-    ready.set() is called once the link is attached. idle_stop (seconds): also stop when nothing
+    ready.set() is called once the link is attached. progress(received) is called every 50 ms
+    and ends the run by returning True (consumers sharing one total). idle_stop (seconds): also
+    stop when nothing
     arrived for that long (competing consumers); result.finished is the last arrival either way.
     """
     done = threading.Event()
@@ -629,6 +645,7 @@ def run_receiver(
         done=done,
         ready=ready,
         idle_stop=idle_stop,
+        progress=progress,
     )
     engine = Engine()
     engine.connect(host=host, port=port, handler=handler, user=user, password=password)

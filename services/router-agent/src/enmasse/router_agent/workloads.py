@@ -1,0 +1,298 @@
+"""Router workloads as Kubernetes manifests in the GitOps output, and read back for `enmasse up`.
+
+In: the standard address spaces (and how many routers each gets). Out: one YAML file per router,
+`<gitops-dir>/workloads/<space>/<router-id>.yaml`, holding a Service and a StatefulSet (one
+replica), beside the broker files the storage-controller renders into the same directory. In a
+cluster Argo CD applies the directory; locally the runtime reads the very same files and starts
+each router with `local_router_command`.
+
+Rendering is pure and deterministic (fixed key order, no timestamps): re-rendering an unchanged
+space changes no byte. `RouterWorkloads.write_space` writes only files whose text changed
+(atomically: temp file, then rename) and deletes only files it rendered itself (the managed-by
+label), so broker workloads and people's files in the same directory are left alone.
+
+The contract with the local runtime (StatefulSet metadata, as for brokers):
+- labels `app.kubernetes.io/component: router`, `app.kubernetes.io/managed-by:
+  enmasse-router-agent`, `enmasse.io/space: <space>`, `enmasse.io/router: <router-id>`;
+- annotations `enmasse.io/local-amqp-port`, `enmasse.io/local-inter-router-port` and
+  `enmasse.io/local-admin-port`: the loopback ports the local runtime starts it on, chosen free
+  when the router is first rendered and kept from then on (clients and peers keep them across
+  restarts). The router writes them back to `<var>/routers/<space>/<id>/ports.json`, which is
+  where the agent's directory finds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+IMAGE = "enmasse-py/router"
+MANAGER = "enmasse-router-agent"
+AMQP_PORT = 5672
+INTER_ROUTER_PORT = 55672
+ADMIN_PORT = 5691
+WORKLOADS = "workloads"
+
+LABEL_SPACE = "enmasse.io/space"
+LABEL_ROUTER = "enmasse.io/router"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+ANNOTATION_AMQP_PORT = "enmasse.io/local-amqp-port"
+ANNOTATION_INTER_ROUTER_PORT = "enmasse.io/local-inter-router-port"
+ANNOTATION_ADMIN_PORT = "enmasse.io/local-admin-port"
+
+
+@dataclass(frozen=True)
+class LocalRouterPorts:
+    amqp: int
+    inter_router: int
+    admin: int
+
+
+@dataclass(frozen=True)
+class RouterWorkload:
+    space: str
+    router_id: str
+    ports: LocalRouterPorts
+
+
+class WorkloadError(ValueError):
+    """A router workload file that does not say what the contract above says."""
+
+
+def router_ids(count: int) -> list[str]:
+    return [f"router-{i}" for i in range(count)]
+
+
+def render_router(workload: RouterWorkload, *, image: str = IMAGE) -> str:
+    """The Service and StatefulSet of one router, as YAML text."""
+    space, router_id, ports = workload.space, workload.router_id, workload.ports
+    labels = {
+        "app.kubernetes.io/name": "router",
+        "app.kubernetes.io/component": "router",
+        "app.kubernetes.io/part-of": "enmasse",
+        LABEL_MANAGED_BY: MANAGER,
+        LABEL_SPACE: space,
+        LABEL_ROUTER: router_id,
+    }
+    selector = {LABEL_SPACE: space, LABEL_ROUTER: router_id}
+    annotations = {
+        ANNOTATION_AMQP_PORT: str(ports.amqp),
+        ANNOTATION_INTER_ROUTER_PORT: str(ports.inter_router),
+        ANNOTATION_ADMIN_PORT: str(ports.admin),
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": f"{space}-{router_id}", "labels": labels},
+        "spec": {
+            "selector": selector,
+            "ports": [
+                {"name": "amqp", "port": AMQP_PORT, "targetPort": "amqp"},
+                {"name": "inter-router", "port": INTER_ROUTER_PORT, "targetPort": "inter-router"},
+                {"name": "admin", "port": ADMIN_PORT, "targetPort": "admin"},
+            ],
+        },
+    }
+    stateful_set = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": f"{space}-{router_id}", "labels": labels, "annotations": annotations},
+        "spec": {
+            "serviceName": f"{space}-{router_id}",
+            "replicas": 1,
+            "selector": {"matchLabels": selector},
+            "template": {"metadata": {"labels": labels}, "spec": _pod_spec(router_id, image)},
+        },
+    }
+    header = f"# Router {router_id} of address space {space}: rendered by {MANAGER}; do not edit.\n"
+    return header + yaml.safe_dump_all(
+        [service, stateful_set], sort_keys=False, default_flow_style=False, explicit_start=True
+    )
+
+
+def _pod_spec(router_id: str, image: str) -> dict[str, Any]:
+    return {
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 10001,
+            "runAsGroup": 10001,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [
+            {
+                "name": "router",
+                "image": image,
+                "args": [
+                    f"--router-id={router_id}",
+                    "--host=0.0.0.0",
+                    f"--port={AMQP_PORT}",
+                    f"--inter-router-port={INTER_ROUTER_PORT}",
+                    f"--admin-port={ADMIN_PORT}",
+                ],
+                "ports": [
+                    {"name": "amqp", "containerPort": AMQP_PORT},
+                    {"name": "inter-router", "containerPort": INTER_ROUTER_PORT},
+                    {"name": "admin", "containerPort": ADMIN_PORT},
+                ],
+                "readinessProbe": {"grpc": {"port": ADMIN_PORT}, "periodSeconds": 5},
+                "securityContext": {
+                    "allowPrivilegeEscalation": False,
+                    "readOnlyRootFilesystem": True,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+            }
+        ],
+    }
+
+
+def read_router(text: str) -> RouterWorkload | None:
+    """The router a file describes; None for a file that is not one of ours."""
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d]
+    except yaml.YAMLError as error:
+        raise WorkloadError(f"not YAML: {error}") from error
+    for doc in docs:
+        if not isinstance(doc, dict) or doc.get("kind") != "StatefulSet":
+            continue
+        metadata = doc.get("metadata") or {}
+        labels = metadata.get("labels") or {}
+        if labels.get(LABEL_MANAGED_BY) != MANAGER:
+            return None
+        annotations = metadata.get("annotations") or {}
+        try:
+            return RouterWorkload(
+                space=labels[LABEL_SPACE],
+                router_id=labels[LABEL_ROUTER],
+                ports=LocalRouterPorts(
+                    amqp=int(annotations[ANNOTATION_AMQP_PORT]),
+                    inter_router=int(annotations[ANNOTATION_INTER_ROUTER_PORT]),
+                    admin=int(annotations[ANNOTATION_ADMIN_PORT]),
+                ),
+            )
+        except (KeyError, ValueError) as error:
+            raise WorkloadError(f"router workload lacks a readable {error}") from error
+    return None
+
+
+def local_router_dir(workload: RouterWorkload, *, var_dir: Path) -> Path:
+    """<var>/routers/<space>/<id>/: the router's ports file goes there (the runtime creates
+    the directory before it starts the router; the router does not)."""
+    return var_dir / "routers" / workload.space / workload.router_id
+
+
+def local_router_command(
+    workload: RouterWorkload, *, var_dir: Path, executable: str | None = None
+) -> list[str]:
+    """How the local runtime starts a rendered router: its pinned ports, and the ports file
+    in `local_router_dir`, which the agent's directory reads."""
+    ports_file = local_router_dir(workload, var_dir=var_dir) / "ports.json"
+    program = executable or str(Path(sys.executable).parent / "enmasse-router")
+    return [
+        program,
+        f"--router-id={workload.router_id}",
+        "--host=127.0.0.1",
+        f"--port={workload.ports.amqp}",
+        f"--inter-router-port={workload.ports.inter_router}",
+        f"--admin-port={workload.ports.admin}",
+        f"--ports-file={ports_file}",
+    ]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def fresh_ports(port: Callable[[], int] = free_port) -> LocalRouterPorts:
+    chosen: list[int] = []
+    while len(chosen) < 3:  # the kernel may hand the same free port out twice
+        candidate = port()
+        if candidate not in chosen:
+            chosen.append(candidate)
+    return LocalRouterPorts(amqp=chosen[0], inter_router=chosen[1], admin=chosen[2])
+
+
+class RouterWorkloads:
+    """`<root>/workloads/<space>/<router-id>.yaml` for every router the agent rendered."""
+
+    def __init__(self, root: Path, *, routers_per_space: int = 1) -> None:
+        self.workloads = Path(root) / WORKLOADS
+        self.routers_per_space = routers_per_space
+
+    def spaces(self) -> list[str]:
+        if not self.workloads.is_dir():
+            return []
+        return sorted(p.name for p in self.workloads.iterdir() if p.is_dir() and self._ours(p.name))
+
+    def read_space(self, space: str) -> dict[str, RouterWorkload]:
+        return {w.router_id: w for _, w in self._ours(space)}
+
+    def ensure_space(self, space: str) -> list[str]:
+        """Renders the space's routers, keeping each one's ports; returns the ids written."""
+        have = self.read_space(space)
+        texts = {
+            router_id: render_router(
+                RouterWorkload(
+                    space=space,
+                    router_id=router_id,
+                    ports=have[router_id].ports if router_id in have else fresh_ports(),
+                )
+            )
+            for router_id in router_ids(self.routers_per_space)
+        }
+        return self._write_space(space, texts)
+
+    def remove_space(self, space: str) -> list[str]:
+        return self._write_space(space, {})
+
+    def _write_space(self, space: str, texts: Mapping[str, str]) -> list[str]:
+        directory = self.workloads / space
+        changed: list[str] = []
+        for path, workload in self._ours(space):
+            if workload.router_id not in texts:
+                path.unlink(missing_ok=True)
+                changed.append(workload.router_id)
+        for router_id, text in sorted(texts.items()):
+            path = directory / f"{router_id}.yaml"
+            if path.exists() and path.read_text() == text:
+                continue
+            _write_atomically(path, text)
+            changed.append(router_id)
+        with contextlib.suppress(OSError):  # not empty (brokers, people's files): it stays
+            if directory.is_dir() and not any(directory.iterdir()):
+                directory.rmdir()
+        return changed
+
+    def _ours(self, space: str) -> list[tuple[Path, RouterWorkload]]:
+        directory = self.workloads / space
+        if not directory.is_dir():
+            return []
+        found = []
+        for path in sorted(directory.glob("*.yaml")):
+            with contextlib.suppress(WorkloadError, OSError):
+                workload = read_router(path.read_text())
+                if workload is not None:
+                    found.append((path, workload))
+        return found
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "w") as file:
+            file.write(text)
+        os.replace(partial, path)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise

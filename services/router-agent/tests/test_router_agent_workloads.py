@@ -1,0 +1,173 @@
+"""Router workloads: rendered to the GitOps output, read back, started as the runtime would.
+
+Pure: rendering is deterministic, read back gives what was rendered, ports stay across
+re-renders, and only the agent's own files are touched. With real parts: the agent renders a new
+space's router, the test starts it exactly as `enmasse up` would (`local_router_command`), the
+agent finds it by its ports file, configures it, an address becomes Active and carries a message;
+deleting the space removes the router's workload file and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from enmasse.common.amqp import codec
+from enmasse.common.amqp.client import Client
+from enmasse.router_agent.agent import RouterAgent
+from enmasse.router_agent.directory import PortsTreeBrokers, PortsTreeRouters
+from enmasse.router_agent.workloads import (
+    LocalRouterPorts,
+    RouterWorkload,
+    RouterWorkloads,
+    local_router_command,
+    local_router_dir,
+    read_router,
+    render_router,
+)
+from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
+
+pytestmark = pytest.mark.timeout(120)
+Ref = config_pb2.ObjectRef
+WORKLOAD = RouterWorkload(
+    space="shop", router_id="router-0", ports=LocalRouterPorts(amqp=1, inter_router=2, admin=3)
+)
+
+
+def test_rendering_is_deterministic_and_reads_back() -> None:
+    text = render_router(WORKLOAD)
+    assert text == render_router(WORKLOAD)
+    assert read_router(text) == WORKLOAD
+    service, stateful_set = list(yaml.safe_load_all(text))
+    assert (service["kind"], stateful_set["kind"]) == ("Service", "StatefulSet")
+    assert stateful_set["metadata"]["labels"]["app.kubernetes.io/component"] == "router"
+    assert stateful_set["metadata"]["annotations"] == {
+        "enmasse.io/local-amqp-port": "1",
+        "enmasse.io/local-inter-router-port": "2",
+        "enmasse.io/local-admin-port": "3",
+    }
+    assert (
+        "--router-id=router-0" in stateful_set["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+
+
+def test_the_output_keeps_ports_and_touches_only_its_own_files(tmp_path: Path) -> None:
+    output = RouterWorkloads(tmp_path, routers_per_space=2)
+    assert output.ensure_space("shop") == ["router-0", "router-1"]
+    first = output.read_space("shop")
+    assert output.ensure_space("shop") == []  # nothing changed: no byte written
+    assert output.read_space("shop") == first  # ports kept
+    broker = tmp_path / "workloads/shop/broker-0.yaml"  # the storage-controller's
+    broker.write_text("kind: StatefulSet\nmetadata: {labels: {app.kubernetes.io/managed-by: x}}\n")
+    shrunk = RouterWorkloads(tmp_path, routers_per_space=1)
+    assert shrunk.ensure_space("shop") == ["router-1"]
+    assert shrunk.spaces() == ["shop"]
+    assert shrunk.remove_space("shop") == ["router-0"]
+    assert shrunk.spaces() == []
+    assert broker.exists()
+    assert sorted(p.name for p in (tmp_path / "workloads/shop").iterdir()) == ["broker-0.yaml"]
+
+
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[bytes]]]:
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        yield processes
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGKILL)
+                process.wait(10)
+
+
+async def test_a_rendered_router_started_like_the_runtime_carries_messages(
+    config_server: Any,
+    config_stub: config_pb2_grpc.ConfigServiceStub,
+    tmp_path: Path,
+    started: list[subprocess.Popen[bytes]],
+) -> None:
+    var, gitops = tmp_path / "var", tmp_path / "gitops"
+    output = RouterWorkloads(gitops)
+    agent = RouterAgent(
+        config_target=config_server.target,
+        routers=PortsTreeRouters(var / "routers"),
+        brokers=PortsTreeBrokers(var / "brokers"),
+        tick=0.1,
+        workloads=output,
+    )
+    agent.start()
+    try:
+        await config_stub.CreateAddressSpace(
+            resources_pb2.AddressSpace(
+                metadata=resources_pb2.Metadata(name="shop"),
+                spec=resources_pb2.AddressSpaceSpec(type="standard", plan="standard-small"),
+            )
+        )
+        workload = await _eventually(lambda: output.read_space("shop").get("router-0"))
+        local_router_dir(workload, var_dir=var).mkdir(parents=True)  # the runtime's part
+        with open(tmp_path / "router-0.log", "ab") as log:  # noqa: ASYNC230
+            started.append(
+                subprocess.Popen(  # noqa: ASYNC220
+                    local_router_command(workload, var_dir=var), stdout=log, stderr=log
+                )
+            )
+        await config_stub.CreateAddress(
+            resources_pb2.Address(
+                metadata=resources_pb2.Metadata(name="calls", space="shop"),
+                spec=resources_pb2.AddressSpec(
+                    address="calls", type="anycast", plan="standard-anycast"
+                ),
+            )
+        )
+
+        async def active() -> bool:
+            got = await config_stub.GetAddress(Ref(space="shop", name="calls"))
+            return got.status.status.phase == "Active"
+
+        await _eventually_async(active)
+        space = await config_stub.GetAddressSpace(Ref(name="shop"))
+        assert [(e.name, e.port) for e in space.status.endpoints] == [("amqp", workload.ports.amqp)]
+        body = await asyncio.to_thread(_one_message, workload.ports.amqp)
+        assert body == "through the rendered router"
+
+        await config_stub.DeleteAddressSpace(config_pb2.DeleteRequest(ref=Ref(name="shop")))
+        await _eventually(lambda: not (gitops / "workloads/shop/router-0.yaml").exists())
+    finally:
+        await agent.stop()
+
+
+def _one_message(port: int) -> str:
+    with Client("127.0.0.1", port) as client:
+        receiver = client.receiver("calls")
+        sender = client.sender("calls")
+        outcome = sender.send_async(codec.encode_message("through the rendered router"))
+        delivery = receiver.receive(10)
+        receiver.accept(delivery)
+        outcome.result(10)
+        return str(codec.read_body(delivery.payload))
+
+
+async def _eventually(check: Any, *, limit: float = 20.0) -> Any:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if found := await asyncio.to_thread(check):
+            return found
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not reached in {limit} s")
+
+
+async def _eventually_async(check: Any, *, limit: float = 20.0) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if await check():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not reached in {limit} s")
