@@ -6,4 +6,4 @@ where a thing is expensive and safe to share; tests that need a clean one ask fo
 variant.
 """
 
-pytest_plugins: list[str] = ["tests.fixtures.etcd", "tests.fixtures.config_service", "tests.fixtures.amqp", "tests.fixtures.broker", "tests.fixtures.router", "tests.fixtures.spark"]
+pytest_plugins: list[str] = ["tests.fixtures.etcd", "tests.fixtures.config_service", "tests.fixtures.amqp", "tests.fixtures.broker", "tests.fixtures.router", "tests.fixtures.spark", "tests.fixtures.local_runtime"]

@@ -502,3 +502,27 @@ def test_nothing_is_left_behind_after_connections_come_and_go(queue_peer, amqp_c
             client.engine.stop()  # gone without a close frame, as a crashed client would be
     assert wait_for(lambda: engine.submit(lambda: len(engine.connections)).result(5) == 0)
     assert engine.submit(lambda: (len(engine._links), len(engine._conn_by_ptr))).result(5) == (0, 0)
+
+
+def test_a_timer_that_reschedules_itself_at_once_does_not_hold_the_loop():
+    engine = Engine()
+    turns: list[int] = []
+    done = threading.Event()
+
+    def again() -> None:
+        turns.append(1)
+        if len(turns) < 500:
+            engine.call_later(0, again)
+        else:
+            done.set()
+
+    thread = engine.run_in_thread()
+    try:
+        engine.call_soon_threadsafe(again)
+        # While the timer chain runs, other work still gets its turn.
+        assert engine.submit(lambda: "served meanwhile").result(5) == "served meanwhile"
+        assert done.wait(10)
+        assert len(turns) == 500
+    finally:
+        engine.stop()
+        thread.join(5)

@@ -42,7 +42,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from supervisor.xmlrpc import SupervisorTransport
 
 ETCD_BINARY = "/usr/bin/etcd"
-PROGRAMS = ("etcd", "config")
+# The control plane, in start order: what `up` starts and waits for. Routers and brokers are not
+# here: the `runtime` program adds and removes them as the GitOps output says (workloads.py).
+PROGRAMS = ("etcd", "config", "storage-controller", "router-agent", "subscription", "runtime")
 
 
 @dataclass(frozen=True)
@@ -92,12 +94,25 @@ class VarDir:
     def config_port_file(self) -> Path:
         return self.run / "config.port"
 
+    @property
+    def gitops(self) -> Path:
+        """The GitOps output: storage-controller and router-agent render workloads here."""
+        return self.root / "gitops"
+
+    @property
+    def programs_dir(self) -> Path:
+        """One `[program:x]` file per router and broker, included by supervisord.conf."""
+        return self.root / "supervisor.d"
+
 
 @dataclass(frozen=True)
 class Ports:
     etcd_client: int
     etcd_peer: int
     config: int
+    storage_controller: int
+    router_agent: int
+    subscription: int
 
 
 def free_port() -> int:
@@ -129,11 +144,22 @@ def choose_ports(var: VarDir) -> Ports:
         previous = read_ports(var)
         if all(port_is_free(p) for p in asdict(previous).values()):
             return previous
-    ports = Ports(etcd_client=free_port(), etcd_peer=free_port(), config=free_port())
-    while len(set(asdict(ports).values())) < 3:  # the kernel may hand out the same port twice
-        ports = Ports(etcd_client=free_port(), etcd_peer=free_port(), config=free_port())
+    ports = _fresh_ports()
+    while len(set(asdict(ports).values())) < len(asdict(ports)):  # the kernel may repeat a port
+        ports = _fresh_ports()
     var.ports_file.write_text(json.dumps(asdict(ports)))
     return ports
+
+
+def _fresh_ports() -> Ports:
+    return Ports(
+        etcd_client=free_port(),
+        etcd_peer=free_port(),
+        config=free_port(),
+        storage_controller=free_port(),
+        router_agent=free_port(),
+        subscription=free_port(),
+    )
 
 
 def _bin(name: str) -> str:
@@ -149,6 +175,7 @@ def _bin(name: str) -> str:
 def program_commands(*, var: VarDir, ports: Ports) -> dict[str, list[str]]:
     peer = f"http://127.0.0.1:{ports.etcd_peer}"
     client = f"http://127.0.0.1:{ports.etcd_client}"
+    config = f"127.0.0.1:{ports.config}"
     return {
         "etcd": [
             ETCD_BINARY,
@@ -170,11 +197,56 @@ def program_commands(*, var: VarDir, ports: Ports) -> dict[str, list[str]]:
             f"--port-file={var.config_port_file}",
             f"--etcd=127.0.0.1:{ports.etcd_client}",
         ],
+        "storage-controller": [
+            _bin("enmasse-storage-controller"),
+            f"--listen=127.0.0.1:{ports.storage_controller}",
+            f"--config={config}",
+            f"--gitops-dir={var.gitops}",
+            f"--var-dir={var.root}",
+        ],
+        "router-agent": [
+            _bin("enmasse-router-agent"),
+            f"--listen=127.0.0.1:{ports.router_agent}",
+            f"--config={config}",
+            f"--var={var.root}",
+            f"--gitops-dir={var.gitops}",
+        ],
+        "subscription": [
+            _bin("enmasse-subscription"),
+            f"--listen=127.0.0.1:{ports.subscription}",
+            f"--config={config}",
+            f"--var={var.root}",
+        ],
+        # Rendered router and broker workloads -> supervisor programs, for as long as we run.
+        "runtime": [_bin("enmasse"), f"--var-dir={var.root}", "runtime", "reconcile"],
     }
 
 
 def _ini(value: object) -> str:
     return str(value).replace("%", "%%")  # supervisord expands %(name)s in values
+
+
+def program_section(*, name: str, command: Sequence[str], var: VarDir, priority: int) -> str:
+    """One `[program:x]`: restarted on crash with supervisord's back-off (1 s, 2 s, ...; FATAL
+    after 10 tries), stopped with its whole process group, logging to <var>/log/<name>.log."""
+    return (
+        f"[program:{name}]\n"
+        f"command = {_ini(' '.join(command))}\n"
+        f"priority = {priority}\n"
+        "autostart = true\n"
+        "autorestart = true\n"
+        "startsecs = 1\n"
+        "startretries = 10\n"
+        "stopsignal = TERM\n"
+        "stopwaitsecs = 10\n"
+        "stopasgroup = true\n"
+        "killasgroup = true\n"
+        "redirect_stderr = true\n"
+        f"stdout_logfile = {_ini(var.log / (name + '.log'))}\n"
+        "stdout_logfile_maxbytes = 10MB\n"
+        "stdout_logfile_backups = 2\n"
+        f'environment = PYTHONUNBUFFERED="1",ENMASSE_VAR="{_ini(var.root)}"\n'
+    )
 
 
 def render_supervisord_conf(*, var: VarDir, commands: dict[str, list[str]]) -> str:
@@ -190,27 +262,12 @@ def render_supervisord_conf(*, var: VarDir, commands: dict[str, list[str]]) -> s
         "[rpcinterface:supervisor]\n"
         "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface\n",
         f"[supervisorctl]\nserverurl = unix://{_ini(var.socket)}\n",
+        # Routers and brokers: added and removed live by the runtime (reloadConfig + add/remove).
+        f"[include]\nfiles = {_ini(var.programs_dir)}/*.conf\n",
     ]
     for priority, (name, command) in enumerate(commands.items(), start=1):
-        sections.append(
-            f"[program:{name}]\n"
-            f"command = {_ini(' '.join(command))}\n"
-            f"priority = {priority * 10}\n"
-            "autostart = true\n"
-            "autorestart = true\n"
-            # A crash loop backs off (1 s, 2 s, ...) and ends FATAL after 10 tries.
-            "startsecs = 1\n"
-            "startretries = 10\n"
-            "stopsignal = TERM\n"
-            "stopwaitsecs = 10\n"
-            "stopasgroup = true\n"
-            "killasgroup = true\n"
-            "redirect_stderr = true\n"
-            f"stdout_logfile = {_ini(var.log / (name + '.log'))}\n"
-            "stdout_logfile_maxbytes = 10MB\n"
-            "stdout_logfile_backups = 2\n"
-            'environment = PYTHONUNBUFFERED="1"\n'
-        )
+        section = program_section(name=name, command=command, var=var, priority=priority * 10)
+        sections.append(section)
     return "\n".join(sections)
 
 
@@ -264,14 +321,13 @@ def orphans(var: VarDir) -> list[tuple[str, int]]:
     """Programs of this var dir whose supervisord died (SIGKILL, OOM) and left them running.
 
     They are ours twice over: they sit in the session the dead supervisord led (it daemonized
-    with setsid) and their command lines name this var dir's paths."""
+    with setsid) and their command lines name this var dir's paths (every program's does)."""
     try:
         leader = int(var.pidfile.read_text().strip())
     except (OSError, ValueError):
         return []
     if _supervisord_pid(var) is not None:
         return []  # supervisord lives: its children are not orphans
-    marks = {"etcd": f"--data-dir={var.etcd_data}", "config": f"--port-file={var.config_port_file}"}
     found: list[tuple[str, int]] = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -283,8 +339,19 @@ def orphans(var: VarDir) -> list[tuple[str, int]]:
             args = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile
-        found.extend((name, pid) for name, mark in marks.items() if mark in args)
+        if any(str(var.root) in arg for arg in args):
+            found.append((_program_word(args), pid))
     return sorted(found)
+
+
+def _program_word(args: Sequence[str]) -> str:
+    """`config` for `python .venv/bin/enmasse-config ...`: the program, not python; `runtime`
+    for the bare `enmasse` (only `runtime reconcile` runs as a program)."""
+    names = [Path(arg).name for arg in args if arg and not arg.startswith("-")]
+    script = next((n for n in names if n.startswith(("enmasse", "etcd"))), "")
+    if script == "enmasse":
+        return "runtime"
+    return script.removeprefix("enmasse-") or (names[0] if names else "?")
 
 
 def _wait(condition: Callable[[], bool], *, timeout: float, interval: float = 0.1) -> bool:
@@ -305,7 +372,7 @@ def _log_tail(path: Path, *, lines: int = 15) -> str:
 
 
 def start_supervisord(var: VarDir) -> None:
-    for directory in (var.root, var.run, var.log, var.etcd_data):
+    for directory in (var.root, var.run, var.log, var.etcd_data, var.gitops, var.programs_dir):
         directory.mkdir(parents=True, exist_ok=True)
     var.socket.unlink(missing_ok=True)  # stale from a killed supervisord: nobody answers it
     ports = choose_ports(var)
@@ -452,7 +519,11 @@ def processes(var: VarDir) -> list[ProcessRow]:
     if supervisord is not None:
         uptime = uptime_text(_process_age(supervisord))
         rows.append(ProcessRow("supervisord", "RUNNING", supervisord, uptime))
-    for info in supervisor_proxy(var).supervisor.getAllProcessInfo():
+    infos = supervisor_proxy(var).supervisor.getAllProcessInfo()
+    # The control plane in start order, then routers and brokers by name.
+    order = {name: i for i, name in enumerate(PROGRAMS)}
+    infos.sort(key=lambda info: (order.get(info["name"], len(order)), info["name"]))
+    for info in infos:
         running = info["statename"] == "RUNNING"
         uptime = uptime_text(info["now"] - info["start"]) if running else "-"
         rows.append(ProcessRow(info["name"], info["statename"], int(info["pid"]), uptime))

@@ -1,6 +1,7 @@
 """The `enmasse` command: wiring of the verbs to the modules that do the work.
 
     enmasse up [--demo] | down | status          the local system under supervisord (local.py)
+    enmasse send ADDRESS | receive ADDRESS       AMQP through a space's router (messaging.py)
     enmasse apply -f FILE|DIR [--space S]        manifests -> one atomic Apply per scope (apply.py)
     enmasse get KIND [NAME] [--space S] [-o table|yaml|json]
     enmasse delete KIND NAME [--space S]
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +31,8 @@ import click
 import structlog
 from enmasse.cli import dashboard as dashboard_view
 from enmasse.cli import diff as diffs
-from enmasse.cli import local, offline
+from enmasse.cli import local, messaging, offline
+from enmasse.cli import workloads as runtime_workloads
 from enmasse.cli.apply import batches, outcome_line
 from enmasse.cli.client import DEFAULT_TIMEOUT, CliError, ConfigClient, resolve_server
 from enmasse.cli.kinds import UnknownKind, resolve_kind
@@ -340,24 +343,174 @@ def _print_spaces_and_addresses(settings: Settings, *, server: str) -> None:
             console.out("")
 
 
+DEMO_READY_TIMEOUT = 180.0
+
+
+def _demo_space(folder: Path) -> str:
+    """The first standard address space the examples declare: the one the demo talks to."""
+    for manifest in load_paths([str(folder)]).manifests:
+        if kind_of(manifest.resource) == "AddressSpace":
+            space = inner(manifest.resource)
+            if space.spec.type == "standard":
+                return str(space.metadata.name)
+    raise CliError(f"{folder} declares no standard address space to demonstrate")
+
+
+def _wait_space_active(client: ConfigClient, *, space: str, timeout: float) -> None:
+    """Until the space and every address of it are Active; CliError naming the laggards."""
+    deadline = time.monotonic() + timeout
+    while True:
+        laggards = _not_active(client, space=space)
+        if not laggards:
+            return
+        if time.monotonic() > deadline:
+            raise CliError(
+                f"address space '{space}' not ready within {timeout:.0f} s: {'; '.join(laggards)}"
+            )
+        time.sleep(0.5)
+
+
+def _not_active(client: ConfigClient, *, space: str) -> list[str]:
+    found = client.get(KINDS["AddressSpace"], name=space).address_space
+    laggards = [] if found.status.status.phase == "Active" else [f"space {_phase(found)}"]
+    for wrapped in client.list(KINDS["Address"], space=space):
+        address = wrapped.address
+        if address.status.status.phase != "Active":
+            laggards.append(f"{address.metadata.name} {_phase(address)}")
+    return laggards
+
+
+def _phase(resource: resources_pb2.AddressSpace | resources_pb2.Address) -> str:
+    status = resource.status.status
+    why = f" ({'; '.join(status.messages)})" if status.messages else ""
+    return f"{status.phase or 'Pending'}{why}"
+
+
+def _echo_endpoints(client: ConfigClient) -> None:
+    for wrapped in client.list(KINDS["AddressSpace"]):
+        space = wrapped.address_space
+        for endpoint in space.status.endpoints:
+            click.echo(f"{space.metadata.name}: {endpoint.name} {endpoint.host}:{endpoint.port}")
+
+
+def _demo_round(client: ConfigClient, *, space: str) -> bool:
+    endpoint = messaging.space_endpoint(client.get(KINDS["AddressSpace"], name=space).address_space)
+    addresses = [w.address for w in client.list(KINDS["Address"], space=space)]
+    results = [messaging.demo_one(endpoint, a) for a in messaging.demo_addresses(addresses)]
+    for result in results:
+        click.echo(result.line())
+    return all(r.ok for r in results)
+
+
 @cli.command()
-@click.option("--demo", is_flag=True, help="then apply examples/ and show what it made")
+@click.option("--demo", is_flag=True, help="then apply examples/ and send a message on each type")
 @click.option("--examples", metavar="DIR", help="manifests for --demo (default: examples/)")
 @pass_settings
 def up(settings: Settings, demo: bool, examples: str | None) -> None:
-    """Start etcd and the config service under supervisord (again: start what is not running)."""
+    """Start etcd, the control plane, routers and brokers under supervisord (again: start what
+    is not running). With --demo, apply examples/, wait until Active, send and receive."""
     address, started = local.up(settings.var)
     word = "started" if started else "already running"
     click.echo(f"enmasse {word}: config service at {address} (state in {settings.var.root})")
+    server_settings = Settings(server_option=address, var=settings.var, timeout=settings.timeout)
     if not demo:
+        with server_settings.client() as client:
+            _echo_endpoints(client)
         return
     folder = Path(examples) if examples else _examples_dir()
     if folder is None:
         raise CliError("no examples directory found: give --examples DIR")
-    server_settings = Settings(server_option=address, var=settings.var, timeout=settings.timeout)
+    space = _demo_space(folder)
     apply_paths(server_settings, [str(folder)])
-    click.echo("")
-    _print_spaces_and_addresses(settings, server=address)
+    with server_settings.client() as client:
+        _wait_space_active(client, space=space, timeout=DEMO_READY_TIMEOUT)
+        click.echo("")
+        _print_spaces_and_addresses(settings, server=address)
+        _echo_endpoints(client)
+        click.echo("")
+        if not _demo_round(client, space=space):
+            raise CliError("the demo round failed (see above)")
+
+
+@cli.command()
+@click.argument("address")
+@click.option("-s", "--space", default="demo", show_default=True, help="address space")
+@click.option("--url", metavar="amqp://HOST:PORT", help="router to use (else the space's)")
+@click.option("-n", "--count", type=click.IntRange(1, 100_000), default=1, show_default=True)
+@click.option("--body", default="hello", show_default=True, help="message body (text)")
+@click.option("--durable", is_flag=True, help="mark messages durable (stored to disk)")
+@click.option("--ttl", type=click.IntRange(1), default=None, help="time to live, ms")
+@click.option(
+    "--timeout", "wait_s", type=float, default=5.0, show_default=True, help="seconds in all"
+)
+@pass_settings
+def send(
+    settings: Settings,
+    address: str,
+    space: str,
+    url: str | None,
+    count: int,
+    body: str,
+    durable: bool,
+    ttl: int | None,
+    wait_s: float,
+) -> None:
+    """Send COUNT messages to ADDRESS through a router of the space; print their outcome."""
+    endpoint, kind = _messaging_target(settings, space=space, address=address, url=url)
+    outcomes = messaging.send(
+        endpoint, address=address, count=count, body=body, durable=durable, ttl=ttl, timeout=wait_s
+    )
+    click.echo(messaging.sent_line(count=count, kind=kind, address=address, outcomes=outcomes))
+    if any(o is not messaging.Outcome.ACCEPTED for o in outcomes):
+        raise SystemExit(1)
+
+
+@cli.command()
+@click.argument("address")
+@click.option("-s", "--space", default="demo", show_default=True, help="address space")
+@click.option("--url", metavar="amqp://HOST:PORT", help="router to use (else the space's)")
+@click.option("-n", "--count", type=click.IntRange(1, 100_000), default=1, show_default=True)
+@click.option(
+    "--timeout", "wait_s", type=float, default=5.0, show_default=True, help="seconds in all"
+)
+@click.option("--durable-subscription", metavar="NAME", help="read a durable subscription")
+@pass_settings
+def receive(
+    settings: Settings,
+    address: str,
+    space: str,
+    url: str | None,
+    count: int,
+    wait_s: float,
+    durable_subscription: str | None,
+) -> None:
+    """Receive up to COUNT messages from ADDRESS (accepting each); print their bodies."""
+    endpoint, _kind = _messaging_target(settings, space=space, address=address, url=url)
+    bodies = messaging.receive(
+        endpoint, address=address, count=count, timeout=wait_s, subscription=durable_subscription
+    )
+    for text in bodies:
+        click.echo(text)
+    if len(bodies) < count:
+        raise CliError(f"only {len(bodies)} of {count} messages within {wait_s:g} s")
+
+
+def _messaging_target(
+    settings: Settings, *, space: str, address: str, url: str | None
+) -> tuple[messaging.Endpoint, str]:
+    """The router to talk to and the address's type ("" when unknown: the router decides)."""
+    if url:
+        return messaging.parse_url(url), ""
+    with settings.client() as client:
+        endpoint = messaging.space_endpoint(
+            client.get(KINDS["AddressSpace"], name=space).address_space
+        )
+        kinds = [
+            w.address.spec.type
+            for w in client.list(KINDS["Address"], space=space)
+            if w.address.spec.address == address
+        ]
+    return endpoint, kinds[0] if kinds else ""
 
 
 @cli.command()
@@ -392,6 +545,20 @@ def status(settings: Settings) -> None:
     _print_spaces_and_addresses(settings, server=server)
     if any(r.state != "RUNNING" for r in rows):
         raise SystemExit(1)
+
+
+@cli.group(hidden=True)
+def runtime() -> None:
+    """Internals of `enmasse up` that run as supervised programs."""
+
+
+@runtime.command()
+@click.option("--interval", type=float, default=0.5, show_default=True, help="seconds")
+@pass_settings
+def reconcile(settings: Settings, interval: float) -> None:
+    """Follow the GitOps output: start and stop routers and brokers under supervisord."""
+    configure_logging(service="runtime")
+    runtime_workloads.run(settings.var, interval=interval)
 
 
 # ---------------------------------------------------------------- dashboard

@@ -16,9 +16,12 @@ One pass over one space (`reconcile_space`), in this order, each step safe to re
    broker that does not answer is never reported drained). A Draining broker with no moves left
    is dropped, and its file removed, so the runtime stops it;
 5. statuses: write what changed (compare-and-swap on the version seen; a lost race re-reads).
-A space whose pass left work undone (a broker not up yet, a drain to finish) is passed over again
-every `resync_interval`; any change from the informer triggers a pass at once. Deleting an
-address space removes its brokers' files (its messages go with it: the user deleted them).
+A broker gets at most ENSURE_BUDGET ensure calls a pass (brokers side by side); the rest wait for
+the next pass, which follows at once, so thousands of new addresses get their statuses in slices
+instead of all at the end. A space whose pass left work undone (a broker not up yet, a drain to
+finish) is passed over again every `resync_interval`; any change from the informer triggers a
+pass at once. Deleting an address space removes its brokers' files (its messages go with it: the
+user deleted them).
 """
 
 from __future__ import annotations
@@ -80,8 +83,20 @@ class SpacePass:
     refusals: dict[str, str] = field(default_factory=dict)
     up: dict[str, broker_pb2.ListAddressesResponse] = field(default_factory=dict)
     settled: bool = True
-    budget: int = 0  # ensure calls this pass may still make
     deferred: set[str] = field(default_factory=set)  # addresses left for the next pass
+
+
+@dataclass
+class _Budget:
+    """How many ensure calls one broker may still get in this pass."""
+
+    left: int
+
+    def take(self) -> bool:
+        if self.left <= 0:
+            return False
+        self.left -= 1
+        return True
 
 
 @dataclass(frozen=True)
@@ -278,29 +293,22 @@ class StorageController:
         addresses: Sequence[resources_pb2.Address],
         plans: dict[str, resources_pb2.AddressPlan],
     ) -> SpacePass:
-        found = SpacePass(budget=ENSURE_BUDGET)
+        found = SpacePass()
         by_name = {a.metadata.name: a for a in addresses}
         brokers = list(placement.brokers.values())
         listings = await asyncio.gather(*(self._list(space, b.id) for b in brokers))
         for broker, listing in zip(brokers, listings, strict=True):
             if listing is not None:
                 found.up[broker.id] = listing
-        for broker in brokers:
-            if broker.state != ACTIVE:
-                continue
-            names = placement.holders(broker.id)
-            listing = found.up.get(broker.id)
-            if listing is None:
-                # not answering (restarting, or slow): what it held stays held until it answers
-                # otherwise, so a blip does not send thousands of statuses back and forth
-                found.settled = False
-                held_before = self._held.get((space, broker.id), set())
-                ready = [n for n in names if n in held_before]
-            else:
-                ready = await self._stock(space, broker.id, names, by_name, plans, listing, found)
+        active = [b.id for b in brokers if b.state == ACTIVE]
+        # brokers are separate processes: stock them side by side
+        held = await asyncio.gather(
+            *(self._stock(space, b, placement.holders(b), by_name, plans, found) for b in active)
+        )
+        for broker_id, ready in zip(active, held, strict=True):
             for name in ready:
-                found.ready.setdefault(name, set()).add(broker.id)
-            self._held[(space, broker.id)] = set(ready)
+                found.ready.setdefault(name, set()).add(broker_id)
+            self._held[(space, broker_id)] = set(ready)
         return found
 
     async def _stock(
@@ -310,14 +318,22 @@ class StorageController:
         names: list[str],
         by_name: dict[str, resources_pb2.Address],
         plans: dict[str, resources_pb2.AddressPlan],
-        listing: broker_pb2.ListAddressesResponse,
         found: SpacePass,
     ) -> list[str]:
         """Ensures a broker's queues and topics; the names it now holds."""
+        listing = found.up.get(broker_id)
+        if listing is None:
+            # not answering (restarting, or slow): what it held stays held until it answers
+            # otherwise, so a blip does not send thousands of statuses back and forth
+            found.settled = False
+            held_before = self._held.get((space, broker_id), set())
+            return [n for n in names if n in held_before]
         held = {a.name: a for a in listing.addresses}
         stored = [n for n in names if by_name[n].spec.type != "subscription"]
+        budget = _Budget(ENSURE_BUDGET)
         done = await _bounded(
-            self._ensure_one(space, broker_id, by_name[n], plans, held, found) for n in stored
+            self._ensure_one(space, broker_id, by_name[n], plans, held, found, budget)
+            for n in stored
         )
         ready = {name for name, ok in zip(stored, done, strict=True) if ok}
         # a subscription is the subscription service's to create: ready when its topic is
@@ -335,18 +351,18 @@ class StorageController:
         plans: dict[str, resources_pb2.AddressPlan],
         held: dict[str, broker_pb2.BrokerAddress],
         found: SpacePass,
+        budget: _Budget,
     ) -> bool:
         spec = address.spec
         plan = plans[spec.plan].spec
         have = held.get(spec.address)
         if have is not None and have.kind == spec.type and _same_plan(have.plan, plan):
             return True
-        if found.budget <= 0:
+        if not budget.take():
             # thousands at once: a pass stocks a slice, writes their statuses, and goes on
             found.deferred.add(address.metadata.name)
             found.settled = False
             return False
-        found.budget -= 1
         request = broker_pb2.EnsureAddressRequest(name=spec.address, plan=plan)
         stub = self._broker_stub(space, broker_id)
         if stub is None:

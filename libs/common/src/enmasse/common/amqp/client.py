@@ -313,6 +313,9 @@ class Receiver(_Endpoint):
             self.client._call(lambda: link.flow(credit))
 
     def settle(self, delivery: Delivery, outcome: Outcome = Outcome.ACCEPTED, **how: Any) -> None:
+        """Settles on the engine thread. Returns when the disposition is queued, not when the peer
+        has processed it: AMQP does not acknowledge dispositions, so a test that then asks the
+        peer (e.g. a broker's counters over gRPC) must wait for the effect, not assume it."""
         self.client._call(lambda: delivery.settle(outcome, **how))
 
     def accept(self, delivery: Delivery) -> None:

@@ -960,14 +960,18 @@ class Engine:
         if not timers:
             return
         now = time.monotonic()
+        due = []
         while timers and timers[0][0] <= now:
-            timer = heapq.heappop(timers)[2]
+            due.append(heapq.heappop(timers)[2])
+        # Timers set by these callbacks wait for the next turn, however short their delay.
+        for timer in due:
             if not timer.cancelled:
                 self._guarded(timer.fn)
 
     def _run_ready(self) -> None:
+        # Only what is queued now: a thread that keeps submitting must not starve the sockets.
         threadsafe = self._threadsafe
-        while threadsafe:
+        for _ in range(len(threadsafe)):
             self._guarded(threadsafe.popleft())
         ready = self._ready
         for _ in range(len(ready)):

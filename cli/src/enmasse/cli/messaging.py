@@ -1,0 +1,251 @@
+"""`enmasse send` / `enmasse receive`, and the demo round of `enmasse up --demo`.
+
+In: an address space's router endpoint (its AddressSpace status, or --url), an AMQP address,
+counts, a body. Out: lines for people ("sent 1 message to queue 'orders' (accepted)", the bodies
+received, "queue  orders  sent 1, received 1  ok") and `CliError`s with the router's own words
+when it says no (amqp:not-found for an address that does not exist) or "no message within 5 s".
+
+Built on the blocking `Client` of enmasse.common.amqp: one connection per verb, closed at the end.
+An anycast producer's outcome is the consumer's acceptance, so the demo sends asynchronously and
+settles on the receiving side before it waits for that outcome (one thread does both).
+Every loop is bounded by a count and a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+
+from enmasse.cli.client import CliError
+from enmasse.common.amqp import codec
+from enmasse.common.amqp.client import AmqpError, Client, Receiver
+from enmasse.common.amqp.wire import Outcome, Terminus
+from enmasse.v1 import resources_pb2
+
+# The order the demo goes through: a topic's message also lands in its durable subscription.
+DEMO_ORDER = ("queue", "topic", "subscription", "anycast", "multicast")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def parse_url(url: str) -> Endpoint:
+    """`amqp://host:port`, `host:port`; CliError for anything else."""
+    rest = url.removeprefix("amqp://").rstrip("/")
+    host, _, port = rest.rpartition(":")
+    if not host or not port.isdigit():
+        raise CliError(f"--url {url!r}: expected amqp://HOST:PORT or HOST:PORT")
+    return Endpoint(host=host, port=int(port))
+
+
+def space_endpoint(space: resources_pb2.AddressSpace) -> Endpoint:
+    """The space's first amqp endpoint (one per router); CliError while it has none."""
+    for endpoint in space.status.endpoints:
+        if endpoint.name == "amqp" and endpoint.port:
+            return Endpoint(host=endpoint.host or "127.0.0.1", port=endpoint.port)
+    phase = space.status.status.phase or "Pending"
+    raise CliError(
+        f"address space '{space.metadata.name}' has no amqp endpoint yet (phase {phase}); "
+        "wait for its routers, or give --url"
+    )
+
+
+def body_text(payload: bytes) -> str:
+    body = codec.read_body(payload)
+    if isinstance(body, bytes | bytearray):
+        return bytes(body).decode(errors="replace")
+    return "" if body is None else str(body)
+
+
+def _connect(endpoint: Endpoint, *, timeout: float, container_id: str | None = None) -> Client:
+    try:
+        return Client(endpoint.host, endpoint.port, timeout=timeout, container_id=container_id)
+    except (OSError, AmqpError, FutureTimeout) as error:
+        raise CliError(f"cannot connect to {endpoint}: {error or 'timed out'}") from None
+
+
+def outcome_summary(outcomes: Sequence[Outcome]) -> str:
+    """`accepted`, or `2 accepted, 1 rejected`."""
+    counts = Counter(o.name.lower() for o in outcomes)
+    if len(counts) == 1:
+        return next(iter(counts))
+    return ", ".join(f"{n} {word}" for word, n in sorted(counts.items()))
+
+
+def sent_line(*, count: int, kind: str, address: str, outcomes: Sequence[Outcome]) -> str:
+    noun = "message" if count == 1 else "messages"
+    what = f"{kind} '{address}'" if kind else f"'{address}'"
+    return f"sent {count} {noun} to {what} ({outcome_summary(outcomes)})"
+
+
+def send(
+    endpoint: Endpoint,
+    *,
+    address: str,
+    count: int,
+    body: str,
+    durable: bool = False,
+    ttl: int | None = None,
+    timeout: float = 5.0,
+) -> list[Outcome]:
+    """Sends `count` messages, each settled before the next; their outcomes."""
+    payload = codec.encode_message(body, durable=durable, ttl=ttl)
+    client = _connect(endpoint, timeout=timeout)
+    try:
+        sender = client.sender(address)
+        outcomes = []
+        for _ in range(count):
+            delivery = sender.send(payload, timeout=timeout)
+            outcomes.append(delivery.outcome or Outcome.NONE)
+        return outcomes
+    except AmqpError as error:
+        raise CliError(f"'{address}': {error}") from None
+    except (TimeoutError, FutureTimeout):
+        raise CliError(
+            f"'{address}': could not send within {timeout:g} s "
+            "(no credit: an anycast address needs a receiver)"
+        ) from None
+    finally:
+        client.close()
+
+
+def _durable_source(address: str) -> Terminus:
+    return Terminus(address=address, durable=2, expiry_policy="never")
+
+
+def receive(
+    endpoint: Endpoint,
+    *,
+    address: str,
+    count: int,
+    timeout: float = 5.0,
+    subscription: str | None = None,
+) -> list[str]:
+    """Up to `count` bodies within `timeout` seconds in all, each accepted; CliError when none
+    came. With `subscription`, a durable subscription of that name (container and link)."""
+    client = _connect(endpoint, timeout=timeout, container_id=subscription)
+    try:
+        receiver = client.receiver(
+            address,
+            credit=count,
+            name=subscription,
+            source=_durable_source(address) if subscription else None,
+        )
+        bodies = take(receiver, count=count, timeout=timeout)
+        if subscription:
+            receiver.detach()  # away, not gone: the subscription keeps collecting
+    except AmqpError as error:
+        raise CliError(f"'{address}': {error}") from None
+    finally:
+        client.close()
+    if not bodies:
+        raise CliError(f"no message within {timeout:g} s on '{address}'")
+    return bodies
+
+
+def take(receiver: Receiver, *, count: int, timeout: float) -> list[str]:
+    """Up to `count` bodies, accepting each, until the deadline."""
+    deadline = time.monotonic() + timeout
+    bodies: list[str] = []
+    while len(bodies) < count:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            delivery = receiver.receive(left)
+        except TimeoutError:
+            break
+        receiver.accept(delivery)
+        bodies.append(body_text(delivery.payload))
+    return bodies
+
+
+# ---------------------------------------------------------------- the demo round
+
+
+@dataclass(frozen=True)
+class DemoAddress:
+    kind: str
+    address: str
+    publish_to: str  # where the message is sent (a subscription's topic)
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    kind: str
+    address: str
+    sent: int
+    received: int
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and self.sent == 1 and self.received == 1
+
+    def line(self) -> str:
+        verdict = "ok" if self.ok else f"FAILED: {self.error or 'message lost'}"
+        return (
+            f"{self.kind:<13} {self.address:<14} sent {self.sent}, received {self.received}  "
+            f"{verdict}"
+        )
+
+
+def demo_addresses(addresses: Sequence[resources_pb2.Address]) -> list[DemoAddress]:
+    """One address per type, in DEMO_ORDER; a subscription publishes to its topic's address."""
+    by_name = {a.metadata.name: a for a in addresses}
+    chosen: list[DemoAddress] = []
+    for kind in DEMO_ORDER:
+        found = sorted((a for a in addresses if a.spec.type == kind), key=lambda a: a.metadata.name)
+        if not found:
+            continue
+        first = found[0]
+        publish_to = first.spec.address
+        if kind == "subscription":
+            topic = by_name.get(first.spec.topic)
+            publish_to = topic.spec.address if topic is not None else first.spec.topic
+        chosen.append(DemoAddress(kind=kind, address=first.spec.address, publish_to=publish_to))
+    return chosen
+
+
+def demo_one(endpoint: Endpoint, target: DemoAddress, *, timeout: float = 10.0) -> DemoResult:
+    """Sends one message to the address (its topic for a subscription) and reads it back."""
+    body = f"hello {target.kind} {uuid.uuid4().hex[:8]}"
+    sent = received = 0
+    consumer = _connect(endpoint, timeout=timeout)
+    producer = _connect(endpoint, timeout=timeout)
+    try:
+        # The receiver first: topic, anycast and multicast give nothing to the absent.
+        receiver = consumer.receiver(target.address, credit=10)
+        outcome = producer.sender(target.publish_to).send_async(
+            codec.encode_message(body, durable=target.kind in ("queue", "topic", "subscription"))
+        )
+        # Earlier runs may have left messages here: read until ours, a bounded number of times.
+        deadline = time.monotonic() + timeout
+        for _ in range(100):
+            got = take(receiver, count=1, timeout=max(deadline - time.monotonic(), 0.0))
+            if not got or got[0] == body:
+                received = len(got)
+                break
+        delivery = outcome.result(max(deadline - time.monotonic(), 0.1))
+        if delivery.outcome is not Outcome.ACCEPTED:
+            return DemoResult(target.kind, target.address, 0, received, f"{delivery.outcome}")
+        sent = 1
+    except (AmqpError, TimeoutError, FutureTimeout) as error:
+        return DemoResult(target.kind, target.address, sent, received, str(error) or "timed out")
+    finally:
+        with contextlib.suppress(Exception):
+            producer.close()
+        with contextlib.suppress(Exception):
+            consumer.close()
+    return DemoResult(target.kind, target.address, sent, received)

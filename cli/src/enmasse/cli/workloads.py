@@ -1,0 +1,164 @@
+"""Rendered router and broker workloads -> supervisor programs, kept in step while `up` runs.
+
+In: the GitOps output under <var>/gitops, where the router-agent renders each standard space's
+routers and the storage-controller each space's brokers (one YAML file per workload, ports pinned
+in annotations). Out: one `[program:x]` file per workload in <var>/supervisor.d/ (included by
+supervisord.conf), and supervisord told about every change through its XML-RPC API:
+`reloadConfig` says which groups were added, changed or removed; added ones get
+`addProcessGroup`, removed ones `stopProcessGroup` + `removeProcessGroup`, changed ones both.
+
+Why so: supervisord already restarts a crashed router or broker with back-off, logs it and stops
+it with `down`; this module only follows the files. The loop runs as one more supervised program
+(`enmasse runtime reconcile`, see local.PROGRAMS), so it outlives `up` and comes back when killed.
+
+`desired_programs` and `program_files` are pure (paths in, names and texts out) for the tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import xmlrpc.client
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+from enmasse.cli.local import PROGRAMS, VarDir, program_section, supervisor_proxy
+from enmasse.router_agent.workloads import (
+    RouterWorkloads,
+    local_router_command,
+    local_router_dir,
+)
+from enmasse.storage_controller.workloads import GitOpsOutput, local_broker_command
+
+log = structlog.get_logger("enmasse.runtime")
+
+# Routers come up after the control plane and before brokers, in supervisord's order.
+ROUTER_PRIORITY = 100
+BROKER_PRIORITY = 200
+
+
+@dataclass(frozen=True)
+class Program:
+    """One router or broker as supervisord runs it."""
+
+    name: str
+    command: tuple[str, ...]
+    workdir: Path  # made before the start: the process writes its ports file there
+    priority: int
+
+
+def program_name(*, space: str, workload_id: str) -> str:
+    """`demo-router-0`, `demo-broker-0`: the space first, once (broker ids already carry it)."""
+    if workload_id.startswith(f"{space}-"):
+        return workload_id
+    return f"{space}-{workload_id}"
+
+
+def desired_programs(var: VarDir) -> dict[str, Program]:
+    """Every workload the GitOps output holds, by program name (`program_name`)."""
+    programs: dict[str, Program] = {}
+    routers = RouterWorkloads(var.gitops)
+    for space in routers.spaces():
+        for router in routers.read_space(space).values():
+            name = program_name(space=space, workload_id=router.router_id)
+            programs[name] = Program(
+                name=name,
+                command=tuple(local_router_command(router, var_dir=var.root)),
+                workdir=local_router_dir(router, var_dir=var.root),
+                priority=ROUTER_PRIORITY,
+            )
+    for space, brokers in GitOpsOutput(var.gitops).read_all().items():
+        for broker in brokers.values():
+            name = program_name(space=space, workload_id=broker.broker.id)
+            programs[name] = Program(
+                name=name,
+                command=tuple(local_broker_command(broker, var_dir=var.root)),
+                workdir=var.root / "brokers" / space / broker.broker.id,
+                priority=BROKER_PRIORITY,
+            )
+    return programs
+
+
+def program_files(var: VarDir, programs: Mapping[str, Program]) -> dict[str, str]:
+    """File name -> text of <var>/supervisor.d/ for these programs."""
+    return {
+        f"{p.name}.conf": program_section(
+            name=p.name, command=p.command, var=var, priority=p.priority
+        )
+        for p in programs.values()
+    }
+
+
+def write_program_files(var: VarDir, files: Mapping[str, str]) -> bool:
+    """Makes <var>/supervisor.d/ hold exactly `files`; True when anything changed."""
+    var.programs_dir.mkdir(parents=True, exist_ok=True)
+    changed = False
+    for path in var.programs_dir.glob("*.conf"):
+        if path.name not in files:
+            path.unlink(missing_ok=True)
+            changed = True
+    for name, text in files.items():
+        path = var.programs_dir / name
+        with contextlib.suppress(OSError):
+            if path.read_text() == text:
+                continue
+        partial = path.with_suffix(".partial")
+        partial.write_text(text)
+        partial.replace(path)
+        changed = True
+    return changed
+
+
+def apply_to_supervisor(proxy: Any) -> dict[str, list[str]]:
+    """Has supervisord re-read its config and start/stop the router and broker groups that
+    changed; returns what it did, by verb."""
+    added, changed, removed = proxy.supervisor.reloadConfig()[0]
+    # The control plane's own programs are never touched here, whatever supervisord reports.
+    ours = [n for n in (*added, *changed, *removed) if n not in PROGRAMS]
+    for name in ours:
+        if name in changed or name in removed:
+            with contextlib.suppress(xmlrpc.client.Fault):  # already stopped
+                proxy.supervisor.stopProcessGroup(name, True)
+            proxy.supervisor.removeProcessGroup(name)
+        if name in changed or name in added:
+            proxy.supervisor.addProcessGroup(name)  # autostart: supervisord starts it
+    return {
+        "started": sorted(n for n in ours if n in added),
+        "restarted": sorted(n for n in ours if n in changed),
+        "stopped": sorted(n for n in ours if n in removed),
+    }
+
+
+def reconcile_once(var: VarDir, *, force: bool = False) -> dict[str, list[str]]:
+    """One pass: files from the GitOps output, then supervisord, when anything changed."""
+    programs = desired_programs(var)
+    for program in programs.values():
+        program.workdir.mkdir(parents=True, exist_ok=True)
+    if not write_program_files(var, program_files(var, programs)) and not force:
+        return {}
+    return apply_to_supervisor(supervisor_proxy(var))
+
+
+def run(var: VarDir, *, interval: float = 0.5) -> None:
+    """Reconciles every `interval` seconds until SIGTERM or SIGINT."""
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    log.info("reconciling", gitops=str(var.gitops), programs=str(var.programs_dir))
+    force = True  # a pass interrupted after writing files must still reach supervisord
+    while not stop.is_set():
+        try:
+            done = reconcile_once(var, force=force)
+            force = False
+        except (OSError, xmlrpc.client.Error) as error:
+            log.warning("reconcile failed; retrying", error=str(error))
+            force = True
+        else:
+            if any(done.values()):
+                log.info("workloads changed", **done)
+        stop.wait(interval)
+    log.info("stopped")
