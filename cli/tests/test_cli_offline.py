@@ -164,12 +164,20 @@ def test_status_and_down_when_nothing_runs(tmp_path: Path) -> None:
 
 def test_supervisord_config_supervises_etcd_then_config(tmp_path: Path) -> None:
     var = VarDir(tmp_path)
-    ports = Ports(etcd_client=2379, etcd_peer=2380, config=5680)
+    ports = Ports(
+        etcd_client=2379,
+        etcd_peer=2380,
+        config=5680,
+        storage_controller=5681,
+        router_agent=5682,
+        subscription=5683,
+    )
     conf = render_supervisord_conf(var=var, commands=program_commands(var=var, ports=ports))
     assert f"file = {tmp_path}/run/supervisor.sock" in conf
     assert "[program:etcd]\ncommand = /usr/bin/etcd --name=enmasse" in conf
     assert "--listen-client-urls=http://127.0.0.1:2379" in conf
     assert "--listen=127.0.0.1:5680" in conf
     assert "--etcd=127.0.0.1:2379" in conf
-    assert conf.count("autorestart = true") == 2
+    assert conf.count("autorestart = true") == 6  # the control plane; routers, brokers: included
     assert conf.index("[program:etcd]") < conf.index("[program:config]")
+    assert f"[include]\nfiles = {tmp_path}/supervisor.d/*.conf" in conf

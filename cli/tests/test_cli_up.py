@@ -1,37 +1,28 @@
-"""`enmasse up --demo`, `status`, a crash, `up` again, `down`: real supervisord, etcd and config.
+"""`enmasse up --demo`, `status`, `send` / `receive`, crashes, `up` again, `down`: all real.
 
-Everything runs under a var dir of the test's own; the test stops what `up` started through
-`enmasse down` and, should an assertion fail first, through the same code by PID.
+Everything runs under a var dir of the test's own: supervisord, etcd, the control plane, the
+runtime's reconcile loop, and the demo space's router and broker started from the GitOps output.
+The test stops what `up` started through `enmasse down`, then checks that every PID it saw is
+gone (and, should an assertion fail first, stops them through the same code, by PID).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 from enmasse.cli import local
 
-ENMASSE = Path(sys.executable).parent / "enmasse"
+from tests.fixtures.local_runtime import enmasse, logs, stop_and_check, supervised, wait_until
 
 pytestmark = pytest.mark.slow
 
-
-def enmasse(var: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("ENMASSE_SERVER", "ENMASSE_VAR")}
-    return subprocess.run(
-        [str(ENMASSE), "--var-dir", str(var), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env=env,
-    )
+CONTROL_PLANE = ["etcd", "config", "storage-controller", "router-agent", "subscription", "runtime"]
+DEMO_WORKLOADS = ["demo-router-0", "demo-broker-0", "jms-broker-0"]
 
 
 def processes(status_out: str) -> dict[str, tuple[str, int]]:
@@ -41,121 +32,159 @@ def processes(status_out: str) -> dict[str, tuple[str, int]]:
     return {name: (state, int(pid)) for name, state, pid, _up in (r.split() for r in block[1:])}
 
 
-def words(text: str) -> list[list[str]]:
-    return [line.split() for line in text.splitlines()]
-
-
 def port_open(port: int) -> bool:
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def wait_until(condition: object, *, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
-            return True
-        time.sleep(0.2)
-    return False
+def forget_the_subscription_program(var: local.VarDir) -> None:
+    ports = json.loads(var.ports_file.read_text())
+    del ports["subscription"]
+    var.ports_file.write_text(json.dumps(ports))
+    conf = var.supervisord_conf.read_text()
+    start, end = conf.index("[program:subscription]"), conf.index("[program:runtime]")
+    var.supervisord_conf.write_text(conf[:start] + conf[end:])
+    local.apply_config_changes(local.supervisor_proxy(var), ours=lambda n: n in local.PROGRAMS)
 
 
-def logs(var: Path) -> str:
-    return "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in (var / "log").glob("*.log"))
+def words(text: str) -> list[list[str]]:
+    return [line.split() for line in text.splitlines()]
 
 
-def test_up_demo_status_crash_up_again_down(tmp_path: Path) -> None:
+def test_up_demo_sends_on_each_type_then_status_send_receive_crash_up_again_down(
+    tmp_path: Path,
+) -> None:
     var = tmp_path / "var"
+    seen: set[int] = set()
     try:
         up = enmasse(var, "up", "--demo")
-        assert up.returncode == 0, up.stderr + logs(var)
+        assert up.returncode == 0, up.stdout + up.stderr + logs(var)
         address = (var / "run" / "config.addr").read_text().strip()
         lines = up.stdout.splitlines()
         assert lines[0] == f"enmasse started: config service at {address} (state in {var})"
-        assert lines[1:11] == [
-            "addressspace/demo created",
-            "address/orders created",
-            "address/prices created",
-            "address/prices-audit created",
-            "address/rpc created",
-            "address/events created",
-            "messaginguser/app created",
-            "addressspace/jms created",
-            "address/invoices created",
-            "address/notifications created",
+        assert "address/prices-audit created" in lines
+        assert lines[-5:] == [
+            "queue         orders         sent 1, received 1  ok",
+            "topic         prices         sent 1, received 1  ok",
+            "subscription  prices-audit   sent 1, received 1  ok",
+            "anycast       rpc            sent 1, received 1  ok",
+            "multicast     events         sent 1, received 1  ok",
         ]
-        assert ["demo", "standard", "standard-small", "-"] in words(up.stdout)
-        assert ["jms", "invoices", "invoices", "queue", "brokered-queue", "-"] in words(up.stdout)
+        demo_port = next(
+            int(w[2].rsplit(":", 1)[1]) for w in words(up.stdout) if w[:2] == ["demo:", "amqp"]
+        )
+        assert f"demo: amqp 127.0.0.1:{demo_port}" in lines
 
         status = enmasse(var, "status")
-        assert status.returncode == 0, status.stderr
+        assert status.returncode == 0, status.stdout + status.stderr
         before = processes(status.stdout)
-        assert sorted(before) == ["config", "etcd", "supervisord"]
+        seen.update(pid for _state, pid in before.values())
+        assert list(before) == ["supervisord", *CONTROL_PLANE, *sorted(DEMO_WORKLOADS)]
         assert all(state == "RUNNING" for state, _pid in before.values())
-        assert ["demo", "orders", "orders", "queue", "standard-small-queue", "-"] in words(
+        assert ["demo", "orders", "orders", "queue", "standard-small-queue", "Active"] in words(
             status.stdout
         )
 
-        # A crashed config service comes back (supervisord), at the same address.
-        os.kill(before["config"][1], signal.SIGKILL)
-        assert wait_until(lambda: local.config_healthy(address), timeout=60), logs(var)
+        sent = enmasse(var, "send", "orders", "--body", "one", "--count", "2")
+        assert (sent.returncode, sent.stdout) == (
+            0,
+            "sent 2 messages to queue 'orders' (accepted)\n",
+        )
+        got = enmasse(var, "receive", "orders", "--count", "2")
+        assert (got.returncode, got.stdout) == (0, "one\none\n")
+        empty = enmasse(var, "receive", "orders", "--timeout", "1")
+        assert (empty.returncode, empty.stderr) == (1, "error: no message within 1 s on 'orders'\n")
+        unknown = enmasse(var, "send", "nosuch")
+        assert (unknown.returncode, unknown.stderr) == (
+            1,
+            "error: 'nosuch': attach refused: amqp:not-found: "
+            "no address 'nosuch' in space 'demo'\n",
+        )
+        by_url = enmasse(var, "send", "events", "--url", f"amqp://127.0.0.1:{demo_port}")
+        assert by_url.stdout == "sent 1 message to 'events' (accepted)\n"
+
+        # A crashed router and a crashed control-plane service come back (supervisord).
+        os.kill(before["demo-router-0"][1], signal.SIGKILL)
+        os.kill(before["router-agent"][1], signal.SIGKILL)
+
+        def back() -> bool:
+            now = supervised(var)
+            return all(
+                now[n][0] == "RUNNING" and now[n][1] != before[n][1]
+                for n in ("demo-router-0", "router-agent")
+            )
+
+        assert wait_until(back, timeout=60), logs(var)
         again = enmasse(var, "up")
-        assert (
-            again.stdout
-            == f"enmasse already running: config service at {address} (state in {var})\n"
+        assert again.returncode == 0, again.stderr
+        assert again.stdout.splitlines()[0] == (
+            f"enmasse already running: config service at {address} (state in {var})"
         )
         after = processes(enmasse(var, "status").stdout)
-        assert after["config"][1] != before["config"][1]
-        # ... and `up` started no second copy of anything.
-        assert after["etcd"] == before["etcd"]
-        assert after["supervisord"] == before["supervisord"]
-        got = enmasse(var, "get", "addresses", "--space", "jms")
-        assert words(got.stdout)[1:] == [
-            ["jms", "invoices", "invoices", "queue", "brokered-queue", "-"],
-            ["jms", "notifications", "notifications", "topic", "brokered-topic", "-"],
-        ]
+        seen.update(pid for _state, pid in after.values())
+        for name in ("etcd", "config", "supervisord", "demo-broker-0"):  # no second copy
+            assert after[name] == before[name]
+        # The restarted router is on the same port, and carries messages again.
+        assert wait_until(
+            lambda: enmasse(var, "send", "orders", "--body", "back").returncode == 0, timeout=60
+        ), logs(var)
+        assert enmasse(var, "receive", "orders").stdout == "back\n"
 
         ports = local.read_ports(local.VarDir(var))
         down = enmasse(var, "down")
-        assert down.stdout == (
-            f"stopped: config (pid {after['config'][1]}), etcd (pid {after['etcd'][1]}), "
-            f"supervisord (pid {after['supervisord'][1]})\n"
+        assert down.returncode == 0, down.stderr
+        stopped = down.stdout.removeprefix("stopped: ").strip().split(", ")
+        assert sorted(stopped) == sorted(f"{n} (pid {pid})" for n, (_s, pid) in after.items())
+        assert not any(local.pid_alive(pid) for pid in seen)
+        assert not any(
+            port_open(p) for p in (ports.etcd_client, ports.config, ports.router_agent, demo_port)
         )
-        assert not any(local.pid_alive(pid) for _state, pid in after.values())
-        assert not any(port_open(p) for p in (ports.etcd_client, ports.etcd_peer, ports.config))
-        assert not (var / "run" / "config.addr").exists()
         gone = enmasse(var, "status")
         assert (gone.returncode, gone.stderr) == (
             1,
             f"error: enmasse is not running (no supervisord for {var})\n",
         )
     finally:
-        local.down(local.VarDir(var))  # by PID, whatever is left, should an assertion fail
+        assert stop_and_check(var, seen) == []
 
 
 def test_a_killed_supervisord_leaves_orphans_that_down_stops(tmp_path: Path) -> None:
     var = tmp_path / "var"
+    seen: set[int] = set()
     try:
         assert enmasse(var, "up").returncode == 0, logs(var)
         before = processes(enmasse(var, "status").stdout)
+        seen.update(pid for _state, pid in before.values())
         os.kill(before["supervisord"][1], signal.SIGKILL)
         assert wait_until(lambda: not local.pid_alive(before["supervisord"][1]), timeout=10)
 
+        orphans = ", ".join(f"{n} (pid {before[n][1]})" for n in sorted(CONTROL_PLANE))
         refused = enmasse(var, "up")
         assert (refused.returncode, refused.stdout) == (1, "")
         assert refused.stderr == (
-            f"error: config (pid {before['config'][1]}), etcd (pid {before['etcd'][1]}) of an "
-            "earlier run still run without their supervisord: run `enmasse down` first\n"
+            f"error: {orphans} of an earlier run still run without their supervisord: "
+            "run `enmasse down` first\n"
         )
         down = enmasse(var, "down")
-        assert down.stdout == (
-            f"stopped: config (pid {before['config'][1]}), etcd (pid {before['etcd'][1]})\n"
-        )
-        assert not local.pid_alive(before["config"][1])
-        assert not local.pid_alive(before["etcd"][1])
+        assert down.stdout == f"stopped: {orphans}\n"
+        assert not any(local.pid_alive(before[n][1]) for n in CONTROL_PLANE)
 
         # The var dir is usable again: same data, a fresh supervisord.
         up = enmasse(var, "up")
         assert up.returncode == 0, up.stderr + logs(var)
         assert up.stdout.startswith("enmasse started: ")
+        seen.update(pid for _state, pid in supervised(var).values())
+
+        # A supervisord an older `up` configured (no subscription program, no port for it)
+        # gets the missing program from `up`, live; the others keep running.
+        forget_the_subscription_program(local.VarDir(var))
+        assert "subscription" not in supervised(var)
+        running = supervised(var)
+        again = enmasse(var, "up")
+        assert again.returncode == 0, again.stderr + logs(var)
+        now = supervised(var)
+        seen.update(pid for _state, pid in now.values())
+        assert now["subscription"][0] == "RUNNING"
+        assert {n: now[n] for n in running} == running
     finally:
-        local.down(local.VarDir(var))
+        assert stop_and_check(var, seen) == []

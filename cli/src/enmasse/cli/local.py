@@ -138,28 +138,30 @@ def read_ports(var: VarDir) -> Ports:
         raise ValueError(f"{var.ports_file}: {exc}") from None
 
 
-def choose_ports(var: VarDir) -> Ports:
-    """The ports of the last run when they are still free, fresh ones otherwise."""
-    with contextlib.suppress(OSError, ValueError):
-        previous = read_ports(var)
-        if all(port_is_free(p) for p in asdict(previous).values()):
-            return previous
-    ports = _fresh_ports()
-    while len(set(asdict(ports).values())) < len(asdict(ports)):  # the kernel may repeat a port
-        ports = _fresh_ports()
-    var.ports_file.write_text(json.dumps(asdict(ports)))
+def choose_ports(var: VarDir, *, in_use: bool = False) -> Ports:
+    """The ports of the last run when they are still free (or `in_use` by our own running
+    programs), fresh ones otherwise; a port a newer version added gets a fresh one."""
+    stored = _stored_ports(var)
+    if not in_use and not all(port_is_free(p) for p in stored.values()):
+        stored = {}
+    chosen = dict(stored)
+    for name in Ports.__dataclass_fields__:
+        while name not in chosen:
+            port = free_port()
+            if port not in chosen.values():  # the kernel may hand out the same port twice
+                chosen[name] = port
+    ports = Ports(**chosen)
+    if chosen != stored:
+        var.ports_file.write_text(json.dumps(asdict(ports)))
     return ports
 
 
-def _fresh_ports() -> Ports:
-    return Ports(
-        etcd_client=free_port(),
-        etcd_peer=free_port(),
-        config=free_port(),
-        storage_controller=free_port(),
-        router_agent=free_port(),
-        subscription=free_port(),
-    )
+def _stored_ports(var: VarDir) -> dict[str, int]:
+    try:
+        data = json.loads(var.ports_file.read_text())
+        return {k: int(v) for k, v in data.items() if k in Ports.__dataclass_fields__}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return {}
 
 
 def _bin(name: str) -> str:
@@ -394,6 +396,41 @@ def start_supervisord(var: VarDir) -> None:
         raise CliError(f"supervisord did not start:\n{_log_tail(start_log)}")
 
 
+def apply_config_changes(proxy: Any, *, ours: Callable[[str], bool]) -> dict[str, list[str]]:
+    """Has supervisord re-read its config files and adds, replaces or removes the process
+    groups that changed and that `ours` claims (the control plane here, routers and brokers
+    in the runtime's loop: each leaves the other's differences for the other to apply)."""
+    added, changed, removed = proxy.supervisor.reloadConfig()[0]
+    names = [n for n in (*added, *changed, *removed) if ours(n)]
+    for name in names:
+        if name in changed or name in removed:
+            with contextlib.suppress(xmlrpc.client.Fault):  # already stopped
+                proxy.supervisor.stopProcessGroup(name, True)
+            proxy.supervisor.removeProcessGroup(name)
+        if name in changed or name in added:
+            proxy.supervisor.addProcessGroup(name)  # autostart: supervisord starts it
+    return {
+        "started": sorted(n for n in names if n in added),
+        "restarted": sorted(n for n in names if n in changed),
+        "stopped": sorted(n for n in names if n in removed),
+    }
+
+
+def refresh_supervisord(var: VarDir) -> None:
+    """A running supervisord whose config an older `up` wrote (programs missing, other
+    commands) gets the current one, live; the programs whose commands did not change keep
+    running untouched."""
+    for directory in (var.gitops, var.programs_dir):
+        directory.mkdir(parents=True, exist_ok=True)
+    ports = choose_ports(var, in_use=True)
+    conf = render_supervisord_conf(var=var, commands=program_commands(var=var, ports=ports))
+    with contextlib.suppress(OSError):
+        if var.supervisord_conf.read_text() == conf:
+            return
+    var.supervisord_conf.write_text(conf)
+    apply_config_changes(supervisor_proxy(var), ours=lambda name: name in PROGRAMS)
+
+
 def ensure_programs_running(var: VarDir) -> None:
     proxy = supervisor_proxy(var)
     for info in proxy.supervisor.getAllProcessInfo():
@@ -471,6 +508,7 @@ def _up(var: VarDir) -> tuple[str, bool]:
         start_supervisord(var)
         started = True
     else:
+        refresh_supervisord(var)
         ensure_programs_running(var)
     address = wait_config_healthy(var)
     # Healthy can come before supervisord's `startsecs` are over: wait for RUNNING, so that
@@ -557,6 +595,8 @@ def _down(var: VarDir) -> list[tuple[str, int]]:
             for info in proxy.supervisor.getAllProcessInfo()
             if info["pid"]
         ]
+        with contextlib.suppress(xmlrpc.client.Fault):  # first: it would add routers/brokers
+            proxy.supervisor.stopProcess("runtime", True)
         proxy.supervisor.stopAllProcesses(True)
         with contextlib.suppress(OSError, xmlrpc.client.Error):
             proxy.supervisor.shutdown()

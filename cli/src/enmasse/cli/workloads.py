@@ -5,7 +5,8 @@ routers and the storage-controller each space's brokers (one YAML file per workl
 in annotations). Out: one `[program:x]` file per workload in <var>/supervisor.d/ (included by
 supervisord.conf), and supervisord told about every change through its XML-RPC API:
 `reloadConfig` says which groups were added, changed or removed; added ones get
-`addProcessGroup`, removed ones `stopProcessGroup` + `removeProcessGroup`, changed ones both.
+`addProcessGroup`, removed ones `stopProcessGroup` + `removeProcessGroup`, changed ones both
+(`local.apply_config_changes`).
 
 Why so: supervisord already restarts a crashed router or broker with back-off, logs it and stops
 it with `down`; this module only follows the files. The loop runs as one more supervised program
@@ -23,10 +24,15 @@ import xmlrpc.client
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import structlog
-from enmasse.cli.local import PROGRAMS, VarDir, program_section, supervisor_proxy
+from enmasse.cli.local import (
+    PROGRAMS,
+    VarDir,
+    apply_config_changes,
+    program_section,
+    supervisor_proxy,
+)
 from enmasse.router_agent.workloads import (
     RouterWorkloads,
     local_router_command,
@@ -113,26 +119,6 @@ def write_program_files(var: VarDir, files: Mapping[str, str]) -> bool:
     return changed
 
 
-def apply_to_supervisor(proxy: Any) -> dict[str, list[str]]:
-    """Has supervisord re-read its config and start/stop the router and broker groups that
-    changed; returns what it did, by verb."""
-    added, changed, removed = proxy.supervisor.reloadConfig()[0]
-    # The control plane's own programs are never touched here, whatever supervisord reports.
-    ours = [n for n in (*added, *changed, *removed) if n not in PROGRAMS]
-    for name in ours:
-        if name in changed or name in removed:
-            with contextlib.suppress(xmlrpc.client.Fault):  # already stopped
-                proxy.supervisor.stopProcessGroup(name, True)
-            proxy.supervisor.removeProcessGroup(name)
-        if name in changed or name in added:
-            proxy.supervisor.addProcessGroup(name)  # autostart: supervisord starts it
-    return {
-        "started": sorted(n for n in ours if n in added),
-        "restarted": sorted(n for n in ours if n in changed),
-        "stopped": sorted(n for n in ours if n in removed),
-    }
-
-
 def reconcile_once(var: VarDir, *, force: bool = False) -> dict[str, list[str]]:
     """One pass: files from the GitOps output, then supervisord, when anything changed."""
     programs = desired_programs(var)
@@ -140,7 +126,9 @@ def reconcile_once(var: VarDir, *, force: bool = False) -> dict[str, list[str]]:
         program.workdir.mkdir(parents=True, exist_ok=True)
     if not write_program_files(var, program_files(var, programs)) and not force:
         return {}
-    return apply_to_supervisor(supervisor_proxy(var))
+    # The control plane's own programs are never touched here, whatever supervisord reports.
+    proxy = supervisor_proxy(var)
+    return apply_config_changes(proxy, ours=lambda name: name not in PROGRAMS)
 
 
 def run(var: VarDir, *, interval: float = 0.5) -> None:

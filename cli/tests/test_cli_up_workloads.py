@@ -1,0 +1,123 @@
+"""The pure parts of the local runtime and of send/receive, without any process.
+
+Rendered workload files -> supervisor programs (names, commands, include files, written once);
+the lines `send` and the demo print; where `send` finds its router.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from enmasse.cli import messaging
+from enmasse.cli.client import CliError
+from enmasse.cli.local import VarDir
+from enmasse.cli.workloads import desired_programs, program_files, write_program_files
+from enmasse.common.amqp.wire import Outcome
+from enmasse.router_agent.workloads import LocalRouterPorts, RouterWorkload, render_router
+from enmasse.storage_controller.placement import Broker
+from enmasse.storage_controller.workloads import LocalPorts, render_broker
+from enmasse.v1 import resources_pb2
+
+
+def rendered_gitops(var: VarDir) -> None:
+    directory = var.gitops / "workloads" / "demo"
+    directory.mkdir(parents=True)
+    router = RouterWorkload(
+        "demo", "router-0", LocalRouterPorts(amqp=41000, inter_router=41001, admin=41002)
+    )
+    (directory / "router-0.yaml").write_text(render_router(router))
+    broker = Broker(id="demo-broker-0", pooled=True)
+    text = render_broker(space="demo", broker=broker, ports=LocalPorts(amqp=42000, admin=42001))
+    (directory / "demo-broker-0.yaml").write_text(text)
+    (directory / "notes.yaml").write_text("kind: ConfigMap\n")  # not ours: ignored
+
+
+def test_every_rendered_workload_becomes_one_program_with_its_pinned_ports(tmp_path: Path) -> None:
+    var = VarDir(tmp_path)
+    rendered_gitops(var)
+    programs = desired_programs(var)
+    assert sorted(programs) == ["demo-broker-0", "demo-router-0"]
+    router = programs["demo-router-0"]
+    assert router.command[1:] == (
+        "--router-id=router-0",
+        "--host=127.0.0.1",
+        "--port=41000",
+        "--inter-router-port=41001",
+        "--admin-port=41002",
+        f"--ports-file={tmp_path}/routers/demo/router-0/ports.json",
+    )
+    assert router.workdir == tmp_path / "routers" / "demo" / "router-0"
+    broker = programs["demo-broker-0"]
+    assert "--port=42000" in broker.command
+    assert f"--data-dir={tmp_path}/brokers/demo/demo-broker-0/data" in broker.command
+    assert router.priority < broker.priority
+
+
+def test_program_files_are_written_once_and_removed_with_their_workload(tmp_path: Path) -> None:
+    var = VarDir(tmp_path)
+    rendered_gitops(var)
+    files = program_files(var, desired_programs(var))
+    assert files["demo-router-0.conf"].startswith("[program:demo-router-0]\ncommand = ")
+    assert "autorestart = true" in files["demo-broker-0.conf"]
+    assert write_program_files(var, files) is True
+    assert write_program_files(var, files) is False  # unchanged: supervisord is not bothered
+    (var.gitops / "workloads" / "demo" / "demo-broker-0.yaml").unlink()
+    assert write_program_files(var, program_files(var, desired_programs(var))) is True
+    assert sorted(p.name for p in var.programs_dir.iterdir()) == ["demo-router-0.conf"]
+
+
+def test_send_lines_say_how_many_where_and_the_outcome() -> None:
+    accepted = [Outcome.ACCEPTED]
+    line = messaging.sent_line(count=1, kind="queue", address="orders", outcomes=accepted)
+    assert line == "sent 1 message to queue 'orders' (accepted)"
+    mixed = [Outcome.ACCEPTED, Outcome.REJECTED, Outcome.ACCEPTED]
+    line = messaging.sent_line(count=3, kind="", address="x", outcomes=mixed)
+    assert line == "sent 3 messages to 'x' (2 accepted, 1 rejected)"
+
+
+def test_a_url_is_host_and_port_or_a_precise_error() -> None:
+    assert messaging.parse_url("amqp://127.0.0.1:5672") == messaging.Endpoint("127.0.0.1", 5672)
+    assert messaging.parse_url("127.0.0.1:5672/") == messaging.Endpoint("127.0.0.1", 5672)
+    with pytest.raises(CliError, match=r"--url 'nowhere': expected amqp://HOST:PORT or HOST:PORT"):
+        messaging.parse_url("nowhere")
+
+
+def test_a_space_without_routers_yet_has_no_endpoint_to_send_to() -> None:
+    space = resources_pb2.AddressSpace(metadata=resources_pb2.Metadata(name="demo"))
+    with pytest.raises(CliError) as refused:
+        messaging.space_endpoint(space)
+    assert str(refused.value.message) == (
+        "address space 'demo' has no amqp endpoint yet (phase Pending); "
+        "wait for its routers, or give --url"
+    )
+    space.status.endpoints.add(name="amqp", host="127.0.0.1", port=41000)
+    assert messaging.space_endpoint(space) == messaging.Endpoint("127.0.0.1", 41000)
+
+
+def test_the_demo_takes_one_address_per_type_and_a_subscription_publishes_to_its_topic() -> None:
+    def address(name: str, kind: str, topic: str = "") -> resources_pb2.Address:
+        return resources_pb2.Address(
+            metadata=resources_pb2.Metadata(name=name, space="demo"),
+            spec=resources_pb2.AddressSpec(address=f"amqp-{name}", type=kind, topic=topic),
+        )
+
+    chosen = messaging.demo_addresses(
+        [
+            address("rpc", "anycast"),
+            address("audit", "subscription", topic="prices"),
+            address("prices", "topic"),
+            address("orders", "queue"),
+            address("b-orders", "queue"),
+        ]
+    )
+    assert [(a.kind, a.address, a.publish_to) for a in chosen] == [
+        ("queue", "amqp-b-orders", "amqp-b-orders"),
+        ("topic", "amqp-prices", "amqp-prices"),
+        ("subscription", "amqp-audit", "amqp-prices"),
+        ("anycast", "amqp-rpc", "amqp-rpc"),
+    ]
+    ok = messaging.DemoResult("queue", "orders", 1, 1)
+    assert ok.line() == "queue         orders         sent 1, received 1  ok"
+    lost = messaging.DemoResult("anycast", "rpc", 1, 0)
+    assert lost.line() == "anycast       rpc            sent 1, received 0  FAILED: message lost"
