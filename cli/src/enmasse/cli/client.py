@@ -32,6 +32,13 @@ DEFAULT_SERVER = "127.0.0.1:5680"
 DEFAULT_TIMEOUT = 10.0
 
 
+_RECONNECT_FAST = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
 class CliError(click.ClickException):
     """A failure the user must read: printed as `error: <message>`, exit code 1, no traceback."""
 
@@ -87,7 +94,9 @@ class ConfigClient:
     def __init__(self, *, server: str, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.server = server
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(server)
+        # A restarted config service must be found again within a second: gRPC's default
+        # reconnect back-off grows to minutes, longer than `watch` waits for it.
+        self._channel = grpc.insecure_channel(server, options=_RECONNECT_FAST)
         self._stub = config_pb2_grpc.ConfigServiceStub(self._channel)
 
     def close(self) -> None:

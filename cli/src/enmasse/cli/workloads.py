@@ -20,10 +20,12 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import time
 import xmlrpc.client
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
 from enmasse.cli.local import (
@@ -45,6 +47,7 @@ log = structlog.get_logger("enmasse.runtime")
 # Routers come up after the control plane and before brokers, in supervisord's order.
 ROUTER_PRIORITY = 100
 BROKER_PRIORITY = 200
+REVIVE_EVERY = 30.0
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,18 @@ def reconcile_once(var: VarDir, *, force: bool = False) -> dict[str, list[str]]:
     return apply_config_changes(proxy, ours=lambda name: name not in PROGRAMS)
 
 
+def revive_fatal(proxy: Any) -> list[str]:
+    """Routers and brokers supervisord gave up on (FATAL after its back-off: a pinned port
+    taken for a while, say) get one more start; the loop calls this every REVIVE_EVERY s."""
+    revived = []
+    for info in proxy.supervisor.getAllProcessInfo():
+        if info["statename"] == "FATAL" and info["name"] not in PROGRAMS:
+            with contextlib.suppress(xmlrpc.client.Fault):  # started meanwhile
+                proxy.supervisor.startProcess(info["name"], False)
+                revived.append(info["name"])
+    return revived
+
+
 def run(var: VarDir, *, interval: float = 0.5) -> None:
     """Reconciles every `interval` seconds until SIGTERM or SIGINT."""
     stop = threading.Event()
@@ -138,10 +153,14 @@ def run(var: VarDir, *, interval: float = 0.5) -> None:
         signal.signal(signum, lambda *_: stop.set())
     log.info("reconciling", gitops=str(var.gitops), programs=str(var.programs_dir))
     force = True  # a pass interrupted after writing files must still reach supervisord
+    revive_at = time.monotonic() + REVIVE_EVERY
     while not stop.is_set():
         try:
             done = reconcile_once(var, force=force)
             force = False
+            if time.monotonic() >= revive_at:
+                revive_at = time.monotonic() + REVIVE_EVERY
+                done["revived"] = revive_fatal(supervisor_proxy(var))
         except (OSError, xmlrpc.client.Error) as error:
             log.warning("reconcile failed; retrying", error=str(error))
             force = True

@@ -60,7 +60,8 @@ async def start_server(
     for add_to_server, servicer, name in registrations:
         add_to_server(servicer, server)
         names.append(name)
-    reflection.enable_server_reflection([*names, reflection.SERVICE_NAME, health.SERVICE_NAME], server)
+    served = [*names, reflection.SERVICE_NAME, health.SERVICE_NAME]
+    reflection.enable_server_reflection(served, server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"could not bind gRPC port {host}:{port}")

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import structlog
-from enmasse.broker.catalog import Catalog, CatalogData
+from enmasse.broker.catalog import Catalog
 from enmasse.broker.entry import Entry, Removal
 from enmasse.broker.journal import Journal, Recovered
 from enmasse.broker.plan import Plan
@@ -118,41 +118,58 @@ class Broker:
         return self.recovered
 
     def close(self) -> None:
+        self._catalog.close()
         if self.journal is not None:
             self.journal.close()
 
     # ------------------------------------------------------------------ admin
 
-    def ensure_queue(self, name: str, plan: Plan) -> Queue:
+    def ensure_queue(self, name: str, plan: Plan, *, commit: bool = True) -> Queue:
+        """The queue, created or given this plan. commit=False leaves the catalog change
+        buffered: the caller must `commit_catalog()` before telling anyone it is done."""
         self._check(name, plan)
         if name in self.topics:
             raise Conflict(f"{name!r} is a topic on this broker, not a queue")
         queue = self.queues.get(name)
         if queue is None:
             queue = self.queues[name] = self._new_queue(name, plan)
+        elif queue.plan == plan:
+            return queue  # nothing to write; a reconcile pass asks again and again
         queue.plan = plan
-        self._save_catalog()
+        self._catalog.put_queue(name, plan)
+        if commit:
+            self.commit_catalog()
         return queue
 
-    def ensure_topic(self, name: str, plan: Plan) -> Topic:
+    def ensure_topic(self, name: str, plan: Plan, *, commit: bool = True) -> Topic:
+        """The topic, created or given this plan; commit=False as for `ensure_queue`."""
         self._check(name, plan)
         if name in self.queues:
             raise Conflict(f"{name!r} is a queue on this broker, not a topic")
         topic = self.topics.get(name)
         if topic is None:
             topic = self._new_topic(name, plan)
+        elif topic.plan == plan:
+            return topic
         topic.plan = plan
         for sub in topic.subscriptions.values():
             sub.queue.plan = plan
-        self._save_catalog()
+        self._catalog.put_topic(name, plan)
+        if commit:
+            self.commit_catalog()
         return topic
+
+    def commit_catalog(self) -> None:
+        """Makes every catalog change so far durable (one append + fsync for all of them)."""
+        self._catalog.commit()
 
     def delete_queue(self, name: str) -> int:
         queue = self.queues.pop(name, None)
         if queue is None:
             raise NotFound(f"no queue {name!r} on this broker")
         gone = queue.purge()
-        self._save_catalog()
+        self._catalog.drop_queue(name)
+        self.commit_catalog()
         return gone
 
     def delete_topic(self, name: str) -> int:
@@ -163,7 +180,8 @@ class Broker:
         for identity, sub in list(topic.subscriptions.items()):
             gone += sub.queue.depth
             topic.unsubscribe(identity)
-        self._save_catalog()
+        self._catalog.drop_topic(name)
+        self.commit_catalog()
         return gone
 
     def _check(self, name: str, plan: Plan) -> None:
@@ -181,18 +199,6 @@ class Broker:
         topic = Topic(name=name, plan=plan, budget=self.budget, on_removed=self._removed)
         self.topics[name] = topic
         return topic
-
-    def _save_catalog(self) -> None:
-        self._catalog.save(
-            CatalogData(
-                queues={n: q.plan for n, q in self.queues.items()},
-                topics={n: t.plan for n, t in self.topics.items()},
-                durable_subscriptions={
-                    n: [i for i, s in t.subscriptions.items() if s.durable]
-                    for n, t in self.topics.items()
-                },
-            )
-        )
 
     # ------------------------------------------------------------------ lookups
 
@@ -212,14 +218,16 @@ class Broker:
             raise NotFound(f"no topic {topic_name!r} on this broker")
         sub, created = topic.subscribe(identity=identity, durable=durable)
         if created and durable:
-            self._save_catalog()
+            self._catalog.add_subscription(topic_name, identity)
+            self.commit_catalog()
         return sub
 
     def unsubscribe(self, topic_name: str, identity: str) -> None:
         topic = self.topics.get(topic_name)
         sub = topic.unsubscribe(identity) if topic else None
         if sub is not None and sub.durable:
-            self._save_catalog()
+            self._catalog.drop_subscription(topic_name, identity)
+            self.commit_catalog()
 
     # ------------------------------------------------------------------ messages
 

@@ -1,7 +1,8 @@
 """`enmasse-config`: wiring and start-up of the config service, nothing else.
 
 Reads the flags, connects the store to etcd, stores the default plans on an empty store, serves the
-ConfigService (with health and reflection) and reports the bound port: in the log, on stdout as
+ConfigService (with health and reflection), with --manifests-dir also the GitOps sync of that
+directory (`enmasse.config.gitops_sync`), and reports the bound port: in the log, on stdout as
 `listening on <host>:<port>` and, with --port-file, in that file (written atomically), so that
 tests and `enmasse up` can start it on port 0 and read the port back.
 """
@@ -13,10 +14,12 @@ import asyncio
 import os
 import signal
 import sys
+from pathlib import Path
 
 import structlog
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server
+from enmasse.config.gitops_sync import DEFAULT_MANAGER, follow_tree, owned_spaces_of
 from enmasse.config.health import follow_store_health
 from enmasse.config.servicer import ConfigServicer
 from enmasse.config.store import DEFAULT_PREFIX, Store, StoreUnavailable
@@ -36,6 +39,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port-file", default=None, help="write the bound port to this file")
     parser.add_argument(
         "--no-default-plans", action="store_true", help="do not store the default plans"
+    )
+    parser.add_argument(
+        "--manifests-dir",
+        type=Path,
+        default=None,
+        help="GitOps sync mode: apply DIR/<space>/*.yaml with prune, per space (gitops_sync.py)",
+    )
+    parser.add_argument(
+        "--sync-interval", type=float, default=5.0, help="seconds between checks of the dir"
+    )
+    parser.add_argument(
+        "--sync-manager", default=DEFAULT_MANAGER, help="the manager the sync applies as"
+    )
+    parser.add_argument(
+        "--sync-status",
+        type=Path,
+        default=None,
+        help="where the sync writes its status JSON (default: <manifests-dir>/../sync-status.json)",
     )
     return parser.parse_args(argv)
 
@@ -59,6 +80,7 @@ async def serve(args: argparse.Namespace) -> None:
     if args.port_file:
         _write_port_file(args.port_file, running.port)
     health = asyncio.create_task(follow_store_health(store, running, service=SERVICE_NAME))
+    sync = _start_sync(args, servicer) if args.manifests_dir else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -66,6 +88,8 @@ async def serve(args: argparse.Namespace) -> None:
     await stop.wait()
     log.info("stopping")
     health.cancel()
+    if sync is not None:
+        sync.cancel()
     await running.stop(grace=2.0)
     await servicer.close()
     await store.close()
@@ -83,6 +107,28 @@ async def _seed(servicer: ConfigServicer) -> None:
             log.warning("etcd not reachable yet", error=str(error))
             await asyncio.sleep(0.5)
     raise SystemExit("etcd stayed unreachable for 30 s")
+
+
+def _start_sync(args: argparse.Namespace, servicer: ConfigServicer) -> asyncio.Task[None]:
+    root: Path = args.manifests_dir
+    status_path: Path = args.sync_status or root.parent / "sync-status.json"
+
+    async def owned_spaces(manager: str) -> set[str]:
+        catalog = await servicer.cache.at_least(await servicer.store.guard_revision())
+        return owned_spaces_of(catalog.objects(), manager=manager)
+
+    log.info("gitops sync on", manifests_dir=str(root), status=str(status_path))
+    return asyncio.create_task(
+        follow_tree(
+            root,
+            apply=servicer.apply,
+            owned_spaces=owned_spaces,
+            status_path=status_path,
+            interval=args.sync_interval,
+            manager=args.sync_manager,
+        ),
+        name="gitops-sync",
+    )
 
 
 def _write_port_file(path: str, port: int) -> None:

@@ -41,6 +41,7 @@ import itertools
 import structlog
 from enmasse.common.amqp import codec
 from enmasse.common.amqp.engine import Condition, Connection, Delivery, Engine, Link, Outcome
+from enmasse.common.amqp.message_trace import MARK
 from enmasse.router.addressing import (
     DYNAMIC,
     ReplyAddresses,
@@ -50,6 +51,7 @@ from enmasse.router.addressing import (
 )
 from enmasse.router.config import RouterConfig, config_from_proto, config_to_proto, decide_apply
 from enmasse.router.fanout import CopyQueue
+from enmasse.router.hops import traced_hop
 from enmasse.router.inter_router import MeshLinks
 from enmasse.router.mesh import LinkStateDatabase
 from enmasse.router.points import (
@@ -315,7 +317,9 @@ class Router:
         record.deliveries_in += 1
         state.deliveries += 1
         role = state.role
-        if role is Role.PRODUCER:
+        if MARK in delivery.payload:  # the one tracing check an unsampled message pays
+            self._traced_message(link, state, delivery)
+        elif role is Role.PRODUCER:
             self._from_producer(link, state, delivery)
         elif role is Role.BROKER_IN:
             self.broker_links.from_broker(state, delivery)
@@ -325,6 +329,30 @@ class Router:
             self._from_multicast(link, state, delivery)
         elif role is Role.CONTROL_IN:
             self.mesh_links.from_control(link, state, delivery)
+
+    def _traced_message(self, link: Link, state: LinkState, delivery: Delivery) -> None:
+        """A message that may be sampled: forwarded as usual, recorded as this router's hop."""
+        role = state.role
+        point = state.point
+        if role is Role.PRODUCER:
+            forward = lambda: self._from_producer(link, state, delivery)  # noqa: E731
+        elif role is Role.BROKER_IN:
+            forward = lambda: self.broker_links.from_broker(state, delivery)  # noqa: E731
+        elif role is Role.TRANSIT_IN:
+            forward = lambda: self.mesh_links.from_transit(link, state, delivery)  # noqa: E731
+        elif role is Role.MULTICAST_IN:
+            forward = lambda: self._from_multicast(link, state, delivery)  # noqa: E731
+        else:
+            self.mesh_links.from_control(link, state, delivery)
+            return
+        traced_hop(
+            delivery.payload,
+            waypoint=role is Role.PRODUCER and point is not None and point.waypoint,
+            address=point.address if point is not None else _safe_to(delivery),
+            address_type=point.kind if point is not None else None,
+            space=self.config.space or None,
+            forward=forward,
+        )
 
     def _from_producer(self, link: Link, state: LinkState, delivery: Delivery) -> None:
         limit = self._max_message_size
@@ -739,6 +767,13 @@ class Router:
             return False
         record.connection.close(Condition("amqp:connection:forced", reason))
         return True
+
+
+def _safe_to(delivery: Delivery) -> str | None:
+    try:
+        return delivery.to
+    except codec.CodecError:
+        return None
 
 
 def _has_credit(link: Link) -> bool:

@@ -234,7 +234,16 @@ def read_body(payload: bytes) -> Any:
 
 def read_application_properties(payload: bytes) -> dict[str, Any]:
     """The application-properties map (string keys, primitive values)."""
-    found = _find(payload, APPLICATION_PROPERTIES)
+    return _read_map_section(payload, APPLICATION_PROPERTIES, "application-properties")
+
+
+def read_message_annotations(payload: bytes) -> dict[str, Any]:
+    """The message-annotations map (symbol keys as str): where intermediaries put trace context."""
+    return _read_map_section(payload, MESSAGE_ANNOTATIONS, "message-annotations")
+
+
+def _read_map_section(payload: bytes, section: int, what: str) -> dict[str, Any]:
+    found = _find(payload, section)
     if found is None:
         return {}
     value_pos = found[1]
@@ -245,7 +254,7 @@ def read_application_properties(payload: bytes) -> dict[str, Any]:
         count = int.from_bytes(payload[value_pos + 5 : value_pos + 9], "big")
         pos = value_pos + 9
     else:
-        raise CodecError(f"application-properties is not a map (format code 0x{code:02x})")
+        raise CodecError(f"{what} is not a map (format code 0x{code:02x})")
     result: dict[str, Any] = {}
     for _ in range(count // 2):
         key, pos = _read(payload, pos)
