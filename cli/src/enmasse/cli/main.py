@@ -9,6 +9,7 @@
     enmasse validate -f FILE|DIR                 offline, for a manifests repo's CI (offline.py)
     enmasse diff -f FILE|DIR [--prune]           what apply would create/change/prune (diff.py)
     enmasse dashboard [--serve]                  the tracing dashboard (dashboard.py)
+    enmasse gitops sync --repo URL --path DIR    pull git, apply with prune (gitops.py)
 
 Global options: `--server host:port` (else $ENMASSE_SERVER, else <var>/run/config.addr written by
 `up`, else 127.0.0.1:5680), `--var-dir` (else $ENMASSE_VAR, else ./var), `--timeout` (the deadline
@@ -31,6 +32,7 @@ import click
 import structlog
 from enmasse.cli import dashboard as dashboard_view
 from enmasse.cli import diff as diffs
+from enmasse.cli import gitops as gitops_commands
 from enmasse.cli import local, messaging, offline
 from enmasse.cli import workloads as runtime_workloads
 from enmasse.cli.apply import batches, outcome_line
@@ -443,6 +445,9 @@ def up(settings: Settings, demo: bool, examples: str | None) -> None:
 @click.option(
     "--timeout", "wait_s", type=float, default=5.0, show_default=True, help="seconds in all"
 )
+@click.option(
+    "--trace", is_flag=True, help="trace each message (OTLP-JSON under $ENMASSE_VAR/traces)"
+)
 @pass_settings
 def send(
     settings: Settings,
@@ -454,11 +459,19 @@ def send(
     durable: bool,
     ttl: int | None,
     wait_s: float,
+    trace: bool,
 ) -> None:
     """Send COUNT messages to ADDRESS through a router of the space; print their outcome."""
     endpoint, kind = _messaging_target(settings, space=space, address=address, url=url)
     outcomes = messaging.send(
-        endpoint, address=address, count=count, body=body, durable=durable, ttl=ttl, timeout=wait_s
+        endpoint,
+        address=address,
+        count=count,
+        body=body,
+        durable=durable,
+        ttl=ttl,
+        timeout=wait_s,
+        trace_space=space if trace else None,
     )
     click.echo(messaging.sent_line(count=count, kind=kind, address=address, outcomes=outcomes))
     if any(o is not messaging.Outcome.ACCEPTED for o in outcomes):
@@ -474,6 +487,9 @@ def send(
     "--timeout", "wait_s", type=float, default=5.0, show_default=True, help="seconds in all"
 )
 @click.option("--durable-subscription", metavar="NAME", help="read a durable subscription")
+@click.option(
+    "--trace", is_flag=True, help="trace each message (OTLP-JSON under $ENMASSE_VAR/traces)"
+)
 @pass_settings
 def receive(
     settings: Settings,
@@ -483,11 +499,17 @@ def receive(
     count: int,
     wait_s: float,
     durable_subscription: str | None,
+    trace: bool,
 ) -> None:
     """Receive up to COUNT messages from ADDRESS (accepting each); print their bodies."""
     endpoint, _kind = _messaging_target(settings, space=space, address=address, url=url)
     bodies = messaging.receive(
-        endpoint, address=address, count=count, timeout=wait_s, subscription=durable_subscription
+        endpoint,
+        address=address,
+        count=count,
+        timeout=wait_s,
+        subscription=durable_subscription,
+        trace_space=space if trace else None,
     )
     for text in bodies:
         click.echo(text)
@@ -577,6 +599,9 @@ def dashboard(settings: Settings, path: str | None, serve_it: bool, port: int) -
         return
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     dashboard_view.serve(page, port=port, announce=lambda url: click.echo(url))
+
+
+cli.add_command(gitops_commands.gitops)
 
 
 def main() -> None:

@@ -22,10 +22,12 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
 from enmasse.cli.client import CliError
-from enmasse.common.amqp import codec
+from enmasse.common import tracing
+from enmasse.common.amqp import codec, message_trace
 from enmasse.common.amqp.client import AmqpError, Client, Receiver
 from enmasse.common.amqp.wire import Outcome, Terminus
 from enmasse.v1 import resources_pb2
+from opentelemetry import trace
 
 # The order the demo goes through: a topic's message also lands in its durable subscription.
 DEMO_ORDER = ("queue", "topic", "subscription", "anycast", "multicast")
@@ -98,16 +100,29 @@ def send(
     durable: bool = False,
     ttl: int | None = None,
     timeout: float = 5.0,
+    trace_space: str | None = None,
 ) -> list[Outcome]:
-    """Sends `count` messages, each settled before the next; their outcomes."""
+    """Sends `count` messages, each settled before the next; their outcomes. With
+    `trace_space`, each message is a trace of its own (`amqp.send`, traceparent inside)."""
     payload = codec.encode_message(body, durable=durable, ttl=ttl)
+    tracer = _tracer(trace_space)
     client = _connect(endpoint, timeout=timeout)
     try:
         sender = client.sender(address)
         outcomes = []
         for _ in range(count):
+            span = None
+            if tracer is not None:
+                span, properties = message_trace.start_send(
+                    tracer=tracer, address=address, space=trace_space, client_id="enmasse-cli"
+                )
+                payload = codec.encode_message(
+                    body, durable=durable, ttl=ttl, application_properties=properties
+                )
             delivery = sender.send(payload, timeout=timeout)
             outcomes.append(delivery.outcome or Outcome.NONE)
+            if span is not None:
+                message_trace.end_send(span, delivery.outcome)
         return outcomes
     except AmqpError as error:
         raise CliError(f"'{address}': {error}") from None
@@ -118,6 +133,21 @@ def send(
         ) from None
     finally:
         client.close()
+        _flush_traces(tracer)
+
+
+def _tracer(space: str | None) -> trace.Tracer | None:
+    """The CLI's tracer when --trace was given (spans under $ENMASSE_VAR/traces), else None."""
+    if space is None:
+        return None
+    tracing.configure_service_tracing(service="cli", space=space)
+    return trace.get_tracer("enmasse.cli")
+
+
+def _flush_traces(tracer: trace.Tracer | None) -> None:
+    configured = tracing.current()
+    if tracer is not None and configured is not None:
+        configured.flush()
 
 
 def _durable_source(address: str) -> Terminus:
@@ -131,9 +161,11 @@ def receive(
     count: int,
     timeout: float = 5.0,
     subscription: str | None = None,
+    trace_space: str | None = None,
 ) -> list[str]:
     """Up to `count` bodies within `timeout` seconds in all, each accepted; CliError when none
     came. With `subscription`, a durable subscription of that name (container and link)."""
+    tracer = _tracer(trace_space)
     client = _connect(endpoint, timeout=timeout, container_id=subscription)
     try:
         receiver = client.receiver(
@@ -142,20 +174,29 @@ def receive(
             name=subscription,
             source=_durable_source(address) if subscription else None,
         )
-        bodies = take(receiver, count=count, timeout=timeout)
+        bodies = take(receiver, count=count, timeout=timeout, tracer=tracer, space=trace_space)
         if subscription:
             receiver.detach()  # away, not gone: the subscription keeps collecting
     except AmqpError as error:
         raise CliError(f"'{address}': {error}") from None
     finally:
         client.close()
+        _flush_traces(tracer)
     if not bodies:
         raise CliError(f"no message within {timeout:g} s on '{address}'")
     return bodies
 
 
-def take(receiver: Receiver, *, count: int, timeout: float) -> list[str]:
-    """Up to `count` bodies, accepting each, until the deadline."""
+def take(
+    receiver: Receiver,
+    *,
+    count: int,
+    timeout: float,
+    tracer: trace.Tracer | None = None,
+    space: str | None = None,
+) -> list[str]:
+    """Up to `count` bodies, accepting each, until the deadline; with `tracer`, a sampled
+    message's `amqp.deliver` and `amqp.settle` spans."""
     deadline = time.monotonic() + timeout
     bodies: list[str] = []
     while len(bodies) < count:
@@ -166,8 +207,18 @@ def take(receiver: Receiver, *, count: int, timeout: float) -> list[str]:
             delivery = receiver.receive(left)
         except TimeoutError:
             break
-        receiver.accept(delivery)
+        if tracer is None:
+            receiver.accept(delivery)
+            bodies.append(body_text(delivery.payload))
+            continue
+        spans = message_trace.ConsumerSpans(
+            tracer=tracer, payload=delivery.payload, address=receiver.address or "", space=space
+        )
         bodies.append(body_text(delivery.payload))
+        spans.handed_over()
+        spans.settling()
+        receiver.accept(delivery)
+        spans.settled(Outcome.ACCEPTED)
     return bodies
 
 

@@ -185,6 +185,23 @@ def configure_tracing(
     return _current
 
 
+def configure_service_tracing(
+    *, service: str, space: str | None = None, var_dir: str | os.PathLike[str] | None = None
+) -> Tracing | None:
+    """`configure_tracing` for a service's main.py: a trace folder that cannot be made (a
+    read-only working directory) costs the traces, not the service; a bad sampling setting
+    still stops the start (TracingConfigError), because it is an operator's typo to fix."""
+    try:
+        return configure_tracing(service=service, space=space, var_dir=var_dir)
+    except OSError as error:
+        import structlog  # only on this rare path
+
+        structlog.get_logger("enmasse.tracing").warning(
+            "tracing off: cannot write trace files", service=service, error=str(error)
+        )
+        return None
+
+
 def build_tracing(
     *,
     service: str,
@@ -344,6 +361,7 @@ __all__: Sequence[str] = [
     "TracingConfigError",
     "build_tracing",
     "client_interceptors",
+    "configure_service_tracing",
     "configure_tracing",
     "extract_context",
     "inject_context",

@@ -21,6 +21,7 @@ detaches links whose message exceeds the size limit (amqp:link:message-size-exce
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import structlog
@@ -28,6 +29,7 @@ from enmasse.broker.broker import Broker, NotFound, now_ms
 from enmasse.broker.config import Settings
 from enmasse.broker.entry import Entry
 from enmasse.broker.facts import message_facts
+from enmasse.broker.hops import TracedMessages
 from enmasse.broker.journal import GroupCommitter
 from enmasse.broker.queue import Queue, Settlement
 from enmasse.broker.topic import durable_identity
@@ -42,6 +44,7 @@ from enmasse.common.amqp.engine import (
     Outcome,
     Timer,
 )
+from enmasse.common.amqp.message_trace import MARK
 
 log = structlog.get_logger(__name__)
 
@@ -60,6 +63,7 @@ class Endpoint:
         self._commit_scheduled = False
         self._to_dispatch: set[Queue] = set()
         self._reaper: Timer | None = None
+        self.traced = TracedMessages()
         broker.dispatch_later = self.dispatch_later
         self.committer = (
             GroupCommitter(
@@ -126,23 +130,45 @@ class Endpoint:
 class LinkConsumer:
     """A consumer as the queue sees it: a sending link of ours and its credit."""
 
-    __slots__ = ("browse", "link", "queue", "subscription")
+    __slots__ = ("browse", "link", "queue", "subscription", "traced")
 
-    def __init__(self, link: Link, queue: Queue, *, browse: bool, subscription: str | None) -> None:
+    def __init__(
+        self,
+        link: Link,
+        queue: Queue,
+        *,
+        browse: bool,
+        subscription: str | None,
+        traced: TracedMessages | None = None,
+    ) -> None:
         self.link = link
         self.queue = queue
         self.browse = browse
         self.subscription = subscription  # topic subscriptions: (topic, identity) bookkeeping
+        self.traced = traced if traced is not None else TracedMessages()
 
     def credit(self) -> int:
         return self.link.credit
 
     def deliver(self, entry: Entry) -> None:
+        if self.traced.waiting and not self.browse:  # some sampled message waits somewhere
+            self._deliver_traced(entry)
+            return
         payload = entry.payload
         if entry.delivery_count:
             payload = codec.with_delivery_count(payload, entry.delivery_count)
         # Browsing is a look, not a hand-over: pre-settled, nothing to acknowledge.
         self.link.send(payload, settled=self.browse, context=entry)
+
+    def _deliver_traced(self, entry: Entry) -> None:
+        picked_ns = time.time_ns()
+        waiting = self.traced.picked(entry.payload)
+        payload = entry.payload
+        if entry.delivery_count:
+            payload = codec.with_delivery_count(payload, entry.delivery_count)
+        self.link.send(payload, settled=False, context=entry)
+        if waiting is not None:
+            self.traced.dequeued(waiting, picked_ns=picked_ns)
 
 
 class Producer:
@@ -228,7 +254,11 @@ class BrokerConnection(ConnectionHandler):
                 return
             queue = found
         consumer = LinkConsumer(
-            link, queue, browse=source.distribution_mode == "copy", subscription=subscription
+            link,
+            queue,
+            browse=source.distribution_mode == "copy",
+            subscription=subscription,
+            traced=self.endpoint.traced,
         )
         queue.add_consumer(consumer, browse=consumer.browse)
         link.context = consumer
@@ -270,6 +300,8 @@ class BrokerConnection(ConnectionHandler):
             self._top_up(producer)
             return
         settle: Callable[[], None] | None = None if delivery.pre_settled else delivery.settle
+        if MARK in payload:  # the one tracing check an unsampled message pays
+            settle = self._traced_settle(producer.address, payload, settle)
         try:
             owned = self.broker.publish(
                 producer.address,
@@ -289,6 +321,23 @@ class BrokerConnection(ConnectionHandler):
             settle()
         if link.credit < self.window // 2:
             self._top_up(producer)
+
+    def _traced_settle(
+        self, address: str, payload: bytes, settle: Callable[[], None] | None
+    ) -> Callable[[], None] | None:
+        """For a sampled message, the settlement also ends `broker.enqueue` (see hops.py)."""
+        kind = "queue" if address in self.broker.queues else "topic"
+        arrival = self.endpoint.traced.arrived(payload, address=address, address_type=kind)
+        if arrival is None:
+            return settle
+        traced = self.endpoint.traced
+
+        def owned() -> None:
+            traced.owned(arrival)
+            if settle is not None:
+                settle()
+
+        return owned
 
     def _top_up(self, producer: Producer) -> None:
         link = producer.link

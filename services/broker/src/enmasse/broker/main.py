@@ -27,6 +27,7 @@ from enmasse.broker.handler import Endpoint
 from enmasse.common.amqp.engine import Engine
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server
+from enmasse.common.tracing import configure_service_tracing
 from enmasse.v1 import broker_pb2_grpc
 
 log = structlog.get_logger("enmasse.broker")
@@ -108,6 +109,7 @@ def write_ports(path: Path, ports: dict[str, int]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     configure_logging(service="broker")
+    configure_service_tracing(service="broker")
     try:
         settings = parse_settings(argv)
     except (OSError, ValueError) as exc:

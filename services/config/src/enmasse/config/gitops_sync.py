@@ -35,7 +35,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import structlog
-
 from enmasse.common.manifests import MANIFEST_SUFFIXES, Manifest, ManifestError, load_paths
 from enmasse.common.validation import AnyObject, Key, key_of
 from enmasse.v1 import config_pb2

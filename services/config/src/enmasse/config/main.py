@@ -19,6 +19,7 @@ from pathlib import Path
 import structlog
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server
+from enmasse.common.tracing import configure_service_tracing
 from enmasse.config.gitops_sync import DEFAULT_MANAGER, follow_tree, owned_spaces_of
 from enmasse.config.health import follow_store_health
 from enmasse.config.servicer import ConfigServicer
@@ -140,6 +141,7 @@ def _write_port_file(path: str, port: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     configure_logging(service="config")
+    configure_service_tracing(service="config")
     asyncio.run(serve(parse_args(argv)))
 
 

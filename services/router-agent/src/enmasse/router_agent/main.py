@@ -19,6 +19,7 @@ from pathlib import Path
 import structlog
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server
+from enmasse.common.tracing import configure_service_tracing
 from enmasse.router_agent.agent import RouterAgent
 from enmasse.router_agent.directory import PortsTreeBrokers, PortsTreeRouters
 from enmasse.router_agent.servicer import SERVICE_NAME, RouterAgentServicer
@@ -103,7 +104,9 @@ def _write_port_file(path: str, port: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     configure_logging(service="router-agent")
-    asyncio.run(serve(parse_args(argv)))
+    args = parse_args(argv)
+    configure_service_tracing(service="router-agent", var_dir=args.var)
+    asyncio.run(serve(args))
 
 
 if __name__ == "__main__":

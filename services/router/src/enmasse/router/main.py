@@ -22,6 +22,7 @@ import structlog
 from enmasse.common.amqp.engine import Engine
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server
+from enmasse.common.tracing import configure_service_tracing
 from enmasse.router.admin import SERVICE_NAME, RouterAdminServicer
 from enmasse.router.forwarding import Router
 from enmasse.router.handlers import ClientHandler, MeshHandler
@@ -90,6 +91,7 @@ def main(
     if "/" in router_id or not router_id:
         raise click.BadParameter("must be non-empty and contain no '/'", param_hint="--router-id")
     configure_logging(service="router")
+    configure_service_tracing(service="router")
     engine = Engine(container_id=router_id)
     router = Router(router_id=router_id, engine=engine, idle_timeout=idle_timeout or None)
     if config_path:

@@ -38,9 +38,15 @@ import structlog
 from enmasse.common.informer import Informer
 from enmasse.common.validation import BROKERED_TYPES, object_of
 from enmasse.storage_controller.directory import BrokerDirectory, BrokerEndpoint
+from enmasse.storage_controller.gitops_writeback import WorkloadRepository, change_reasons
 from enmasse.storage_controller.placement import ACTIVE, Placement, place
 from enmasse.storage_controller.statuses import address_status, recorded_placement
-from enmasse.storage_controller.workloads import GitOpsOutput, LocalPorts, render_broker
+from enmasse.storage_controller.workloads import (
+    BrokerWorkload,
+    GitOpsOutput,
+    LocalPorts,
+    render_broker,
+)
 from enmasse.v1 import broker_pb2, broker_pb2_grpc, config_pb2, config_pb2_grpc, resources_pb2
 
 log = structlog.get_logger("enmasse.storage_controller")
@@ -118,6 +124,7 @@ class StorageController:
         space: str = "",
         pick_port: Callable[[], int] = free_port,
         resync_interval: float = 1.0,
+        writeback: WorkloadRepository | None = None,
     ) -> None:
         self.config_target = config_target
         self.output = output
@@ -125,6 +132,7 @@ class StorageController:
         self.space_filter = space
         self.pick_port = pick_port
         self.resync_interval = resync_interval
+        self.writeback = writeback
         self.informer = Informer(
             target=config_target,
             kinds=KINDS,
@@ -250,6 +258,7 @@ class StorageController:
         removed = self.output.write_space(space, {})
         if removed:
             log.info("address space gone; brokers removed", space=space, brokers=removed)
+            self._note_written(space, before={}, placement=None, changed=removed)
         self.placements.pop(space, None)
         self._known.pop(space, None)
         self._deletions.pop(space, None)
@@ -275,6 +284,31 @@ class StorageController:
         changed = self.output.write_space(space, texts)
         if changed:
             log.info("broker workloads rendered", space=space, changed=changed)
+            self._note_written(
+                space, before=rendered.get(space, {}), placement=placement, changed=changed
+            )
+
+    def _note_written(
+        self,
+        space: str,
+        *,
+        before: dict[str, BrokerWorkload],
+        placement: Placement | None,
+        changed: list[str],
+    ) -> None:
+        # The write-back commits these files with a message saying why they changed.
+        if self.writeback is None:
+            return
+        addresses = [r.address for r in self.informer.list("Address", space=space)]
+        self.writeback.note(
+            change_reasons(
+                space=space,
+                before=before,
+                placement=placement,
+                changed=changed,
+                addresses=addresses,
+            )
+        )
 
     def _fresh_port(self, taken: set[int]) -> int:
         for _ in range(100):

@@ -3,21 +3,26 @@
 Reads the flags, serves gRPC health (and reflection) on --listen so probes and `enmasse up` can
 see it is alive, and runs the `StorageController` against the config service until SIGTERM or
 SIGINT. Broker endpoints come from the rendered GitOps output, or from the local runtime's ports
-files under --var-dir when given.
+files under --var-dir when given. With --gitops-repo (or $ENMASSE_GITOPS_REPO), the output directory
+is a git working copy of that remote and every render that changed files is committed and pushed
+(`gitops_writeback.py`), credentials from --git-credentials when its files are there.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 from pathlib import Path
 
 import structlog
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server
+from enmasse.common.tracing import configure_service_tracing
 from enmasse.storage_controller.controller import StorageController
 from enmasse.storage_controller.directory import LocalBrokerDirectory
+from enmasse.storage_controller.gitops_writeback import Credentials, WorkloadRepository
 from enmasse.storage_controller.workloads import GitOpsOutput
 
 log = structlog.get_logger("enmasse.storage_controller")
@@ -51,11 +56,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--listen", default="127.0.0.1:0", help="host:port for gRPC health")
     parser.add_argument("--resync", type=float, default=1.0, help="seconds between retries")
-    # What k8s/base/storage-controller.yaml passes for committing to a git remote: accepted so the
-    # Deployment starts, but committing and pushing is not built yet (the directory is written).
-    parser.add_argument("--gitops-repo", default="", help="git remote (not pushed to yet)")
+    # Write-back (gitops_writeback.py): with a remote, --gitops-dir is its working copy and every
+    # render that changed files is committed and pushed. k8s passes the remote in the env.
+    parser.add_argument(
+        "--gitops-repo",
+        default=os.environ.get("ENMASSE_GITOPS_REPO", ""),
+        help="git remote to commit and push the workloads to ($ENMASSE_GITOPS_REPO)",
+    )
+    parser.add_argument("--gitops-branch", default="main", help="branch of --gitops-repo")
     parser.add_argument("--gitops-path", default="workloads", help="must be 'workloads'")
-    parser.add_argument("--git-credentials", default="", help="unused until pushing is built")
+    parser.add_argument(
+        "--git-credentials",
+        type=Path,
+        default=Path("/etc/enmasse/gitops"),
+        help="directory with username and password files (used when both are there)",
+    )
     args = parser.parse_args(argv)
     if args.gitops_path != "workloads":
         parser.error("--gitops-path: only 'workloads' is supported")
@@ -74,8 +89,7 @@ async def serve(args: argparse.Namespace) -> None:
     host, _, port = args.listen.rpartition(":")
     running = await start_server(registrations=[], host=host or "127.0.0.1", port=int(port or 0))
     log.info("serving", port=running.port, config=args.config, gitops_dir=str(args.gitops_dir))
-    if args.gitops_repo:
-        log.warning("committing to a git remote is not built: writing the directory only")
+    writeback = await _start_writeback(args, controller)
     controller.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -84,12 +98,33 @@ async def serve(args: argparse.Namespace) -> None:
     await stop.wait()
     log.info("stopping")
     await controller.stop()
+    if writeback is not None:
+        writeback.cancel()
     await running.stop(grace=1.0)
+
+
+async def _start_writeback(
+    args: argparse.Namespace, controller: StorageController
+) -> asyncio.Task[None] | None:
+    if not args.gitops_repo:
+        return None
+    repository = WorkloadRepository(
+        args.gitops_dir,
+        remote=args.gitops_repo,
+        branch=args.gitops_branch,
+        credentials=Credentials.from_dir(args.git_credentials),
+    )
+    # Before the controller starts: it rebuilds its placement from the files this may restore.
+    await asyncio.to_thread(repository.prepare)
+    controller.writeback = repository
+    return asyncio.create_task(repository.run(), name="gitops-writeback")
 
 
 def main(argv: list[str] | None = None) -> None:
     configure_logging(service="storage-controller")
-    asyncio.run(serve(parse_args(argv)))
+    args = parse_args(argv)
+    configure_service_tracing(service="storage-controller", var_dir=args.var_dir)
+    asyncio.run(serve(args))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from pathlib import Path
 import structlog
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server
+from enmasse.common.tracing import configure_service_tracing
 from enmasse.subscription.brokers import PortsTreeBrokers
 from enmasse.subscription.servicer import SERVICE_NAME, SubscriptionServicer
 from enmasse.subscription.subscriptions import DurableSubscriptions
@@ -83,7 +84,9 @@ def _write_port_file(path: str, port: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     configure_logging(service="subscription")
-    asyncio.run(serve(parse_args(argv)))
+    args = parse_args(argv)
+    configure_service_tracing(service="subscription", var_dir=args.var)
+    asyncio.run(serve(args))
 
 
 if __name__ == "__main__":

@@ -53,6 +53,8 @@ def might_be_traced(payload: bytes) -> bool:
 def sampled_context(payload: bytes) -> otel_context.Context | None:
     """The context of a sampled message (annotations win, else application-properties); None
     when the message is not sampled or its trace sections cannot be read."""
+    if _flagged_unsampled(payload):
+        return None
     try:
         annotations = codec.read_message_annotations(payload)
         properties = None if tracing.is_sampled(annotations) else _properties(payload)
@@ -62,6 +64,25 @@ def sampled_context(payload: bytes) -> otel_context.Context | None:
     if not tracing.is_sampled(carrier):
         return None
     return tracing.extract_context(carrier)
+
+
+_STR8_TRACEPARENT = b"\xa1\x37"  # str8-utf8 of the 55 characters a W3C traceparent has
+
+
+def _flagged_unsampled(payload: bytes) -> bool:
+    """True when the first `traceparent` in the bytes is a well-formed str8 value whose flags
+    say 'not sampled': a propagated but unsampled message is then passed without decoding
+    anything. Any other shape returns False, and the sections are read properly."""
+    at = payload.find(MARK)
+    if at < 0:
+        return True
+    value = at + len(MARK)
+    if payload[value : value + 2] != _STR8_TRACEPARENT or payload[value + 54] != 0x2D:  # '-'
+        return False
+    try:
+        return not int(payload[value + 55 : value + 57], 16) & 0x01
+    except ValueError:
+        return False
 
 
 def _properties(payload: bytes) -> dict[str, Any]:
