@@ -197,3 +197,20 @@ def test_two_address_spaces_are_isolated_and_deleting_one_leaves_the_other(
     assert not port_open(west)
     send_all(east, "orders", ["after"])
     assert receive_all(east, "orders", 1) == ["after"]
+
+
+@pytest.mark.xfail(
+    reason="router: a broker sender link refused before the storage-controller created the "
+    "address on a just-started broker is never re-attached (waypoints.link_detached), so "
+    "producers get no credit until the next config change of that address",
+    strict=False,
+)
+def test_a_dedicated_queue_gets_a_broker_of_its_own_and_carries_messages(
+    local_runtime: LocalRuntime, ops: int
+) -> None:
+    local_runtime.apply(queue_manifest("solo", space="ops", plan="standard-large-queue"))
+    local_runtime.wait_active("ops", ["solo"])
+    state, _pid = local_runtime.processes()["ops-solo-0"]
+    assert state == "RUNNING"
+    send_all(ops, "solo", ["mine-1", "mine-2"])
+    assert receive_all(ops, "solo", 2) == ["mine-1", "mine-2"]
