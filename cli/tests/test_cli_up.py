@@ -100,6 +100,15 @@ def test_up_demo_sends_on_each_type_then_status_send_receive_crash_up_again_down
             "error: 'nosuch': attach refused: amqp:not-found: "
             "no address 'nosuch' in space 'demo'\n",
         )
+        # A durable subscription keeps what the topic published while its reader was away.
+        first = enmasse(
+            var, "receive", "prices", "--durable-subscription", "kept", "--timeout", "1"
+        )
+        assert first.stderr == "error: no message within 1 s on 'prices'\n"
+        for body in ("away-1", "away-2"):
+            assert enmasse(var, "send", "prices", "--body", body, "--durable").returncode == 0
+        kept = enmasse(var, "receive", "prices", "--durable-subscription", "kept", "-n", "2")
+        assert (kept.returncode, kept.stdout) == (0, "away-1\naway-2\n")
         by_url = enmasse(var, "send", "events", "--url", f"amqp://127.0.0.1:{demo_port}")
         assert by_url.stdout == "sent 1 message to 'events' (accepted)\n"
 

@@ -1,19 +1,26 @@
 """`enmasse up / down / status`: the whole system on one machine, under supervisord.
 
-What runs: a real etcd (/usr/bin/etcd, data under <var>/etcd) and the config service, each a
-`[program:x]` of one supervisord whose config this module renders into <var>/supervisord.conf.
+What runs: a real etcd (/usr/bin/etcd, data under <var>/etcd), the config service, the
+storage-controller, the router-agent and the subscription service (the latter three rendering
+and reading the GitOps output in <var>/gitops), and `runtime`: the loop (workloads.py) that turns
+the router and broker workloads rendered there into more programs, added and removed live. Each
+is a `[program:x]` of one supervisord whose config this module renders into
+<var>/supervisord.conf (routers and brokers: one file each in <var>/supervisor.d/, included).
 supervisord restarts a crashed process (with its own back-off: BACKOFF, then FATAL after
-`startretries`), keeps logs under <var>/log/, and is driven over its XML-RPC API on a unix socket
-(<var>/run/supervisor.sock) with supervisor's own transport. Nothing here forks or reaps by hand:
-that is supervisord's job (DESIGN §5).
+`startretries`), keeps logs under <var>/log/ (traces go to <var>/traces: every program gets
+ENMASSE_VAR), and is driven over its XML-RPC API on a unix socket (<var>/run/supervisor.sock)
+with supervisor's own transport. Nothing here forks or reaps by hand: that is supervisord's job
+(DESIGN §5).
 
 Ports: picked free on 127.0.0.1 at the first `up` and kept in <var>/ports.json, so that a restart
 (of one process or of the whole thing) keeps the addresses clients already know. The config
 service's address goes to <var>/run/config.addr, which the other verbs read.
 
 Idempotence: `up` finds a live supervisord through its socket and only (re)starts what is not
-running. `down` stops exactly the processes supervisord reports plus supervisord itself, by PID,
-and nothing else.
+running; a supervisord an older `up` configured gets the current programs live
+(`refresh_supervisord`), the unchanged ones untouched. `down` stops the runtime loop first (so
+it starts nothing more), then exactly the processes supervisord reports plus supervisord itself,
+by PID, and nothing else.
 
 Pure parts (paths, the rendered config, uptime text) are plain functions that tests call directly.
 """

@@ -44,7 +44,7 @@ from enmasse.common.amqp.engine import (
     Outcome,
     Timer,
 )
-from enmasse.common.amqp.message_trace import MARK
+from enmasse.common.amqp.message_trace import MARK, flagged_unsampled
 
 log = structlog.get_logger(__name__)
 
@@ -300,7 +300,7 @@ class BrokerConnection(ConnectionHandler):
             self._top_up(producer)
             return
         settle: Callable[[], None] | None = None if delivery.pre_settled else delivery.settle
-        if MARK in payload:  # the one tracing check an unsampled message pays
+        if MARK in payload and not flagged_unsampled(payload):  # see hops.py
             settle = self._traced_settle(producer.address, payload, settle)
         try:
             owned = self.broker.publish(

@@ -41,7 +41,7 @@ import itertools
 import structlog
 from enmasse.common.amqp import codec
 from enmasse.common.amqp.engine import Condition, Connection, Delivery, Engine, Link, Outcome
-from enmasse.common.amqp.message_trace import MARK
+from enmasse.common.amqp.message_trace import MARK, flagged_unsampled
 from enmasse.router.addressing import (
     DYNAMIC,
     ReplyAddresses,
@@ -317,7 +317,10 @@ class Router:
         record.deliveries_in += 1
         state.deliveries += 1
         role = state.role
-        if MARK in delivery.payload:  # the one tracing check an unsampled message pays
+        payload = delivery.payload
+        # The one tracing check an untraced message pays; a propagated but unsampled one also
+        # has its flags read in place.
+        if MARK in payload and not flagged_unsampled(payload):
             self._traced_message(link, state, delivery)
         elif role is Role.PRODUCER:
             self._from_producer(link, state, delivery)

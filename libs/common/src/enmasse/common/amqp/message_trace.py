@@ -9,8 +9,9 @@ a child of the context the message carries.
 
 Why it is built so: routers and brokers forward raw bytes and must not pay for tracing what is
 not traced. `might_be_traced(payload)` is the one check an unsampled message costs: a byte
-search for `traceparent` (a C-level memchr scan over a few hundred bytes). Only a message that
-has the word is read (`sampled_context`: message-annotations first, as the W3C AMQP draft wants
+search for `traceparent` (a C-level scan over a few hundred bytes). A message that has the word
+has the flags of its str8 traceparent read in place (`flagged_unsampled`); only one that may be
+sampled is decoded (`sampled_context`: message-annotations first, as the W3C AMQP draft wants
 for intermediaries, then application-properties) and traced if its flags say sampled.
 Intermediaries here never re-encode a message, so they never add annotations: every hop's span
 is a child of the producer's `amqp.send`, and the bytes travel untouched.
@@ -53,7 +54,7 @@ def might_be_traced(payload: bytes) -> bool:
 def sampled_context(payload: bytes) -> otel_context.Context | None:
     """The context of a sampled message (annotations win, else application-properties); None
     when the message is not sampled or its trace sections cannot be read."""
-    if _flagged_unsampled(payload):
+    if flagged_unsampled(payload):
         return None
     try:
         annotations = codec.read_message_annotations(payload)
@@ -69,10 +70,10 @@ def sampled_context(payload: bytes) -> otel_context.Context | None:
 _STR8_TRACEPARENT = b"\xa1\x37"  # str8-utf8 of the 55 characters a W3C traceparent has
 
 
-def _flagged_unsampled(payload: bytes) -> bool:
-    """True when the first `traceparent` in the bytes is a well-formed str8 value whose flags
-    say 'not sampled': a propagated but unsampled message is then passed without decoding
-    anything. Any other shape returns False, and the sections are read properly."""
+def flagged_unsampled(payload: bytes) -> bool:
+    """True when the bytes hold no `traceparent`, or when the first one is a well-formed str8
+    value whose flags say 'not sampled': a propagated but unsampled message is then passed
+    without decoding anything. Any other shape returns False: the sections are read properly."""
     at = payload.find(MARK)
     if at < 0:
         return True
