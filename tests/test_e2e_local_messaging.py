@@ -9,17 +9,19 @@ none extra, and the router's error text.
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from pathlib import Path
 
 import pytest
 from enmasse.common.amqp import codec
 from enmasse.common.amqp.client import AmqpError, Client, Receiver
 from enmasse.common.amqp.engine import Delivery, Outcome, Terminus
 
-from tests.fixtures.local_runtime import LocalRuntime
+from tests.fixtures.local_runtime import LocalRuntime, enmasse
 
 pytestmark = pytest.mark.slow
 
@@ -258,3 +260,30 @@ def test_deleting_an_address_ends_its_traffic_with_a_clear_error(
     while not (text := refused()) and time.monotonic() < deadline:
         time.sleep(0.3)
     assert text == "attach refused: amqp:not-found: no address 'doomed' in space 'shop'"
+
+
+def test_a_brokered_space_serves_clients_from_its_one_broker(local_runtime: LocalRuntime) -> None:
+    """examples/jms-space.yaml: no router; the space's endpoint is its broker's, and the CLI's
+    send and receive find it in the space's status."""
+    example = Path(__file__).resolve().parents[1] / "examples" / "jms-space.yaml"
+    local_runtime.apply(example.read_text(), name="jms-space.yaml")
+    local_runtime.wait_active("jms", ["invoices", "notifications"], timeout=120)
+    space = local_runtime.address_space("jms")
+    assert space.status.status.phase == "Active"
+    port = local_runtime.router_port("jms")
+    assert sorted(p for p in local_runtime.processes() if p.startswith("jms-")) == ["jms-broker-0"]
+    ports = json.loads((local_runtime.var / "brokers/jms/jms-broker-0/ports.json").read_text())
+    assert port == ports["amqp"]  # the broker itself: no router in between
+
+    sent = enmasse(
+        local_runtime.var, "send", "invoices", "--space", "jms", "-n", "2", "--body", "inv"
+    )
+    assert (sent.returncode, sent.stdout.strip()) == (
+        0,
+        "sent 2 messages to queue 'invoices' (accepted)",
+    )
+    got = enmasse(local_runtime.var, "receive", "invoices", "--space", "jms", "-n", "2")
+    assert (got.returncode, got.stdout.split()) == (0, ["inv", "inv"]), got.stderr
+    with Client("127.0.0.1", port, timeout=15) as client:
+        receiver = client.receiver("invoices", credit=10)
+        assert nothing_more(receiver)

@@ -89,7 +89,7 @@ def test_a_space_without_routers_yet_has_no_endpoint_to_send_to() -> None:
         messaging.space_endpoint(space)
     assert str(refused.value.message) == (
         "address space 'demo' has no amqp endpoint yet (phase Pending); "
-        "wait for its routers, or give --url"
+        "wait until it is Active, or give --url"
     )
     space.status.endpoints.add(name="amqp", host="127.0.0.1", port=41000)
     assert messaging.space_endpoint(space) == messaging.Endpoint("127.0.0.1", 41000)

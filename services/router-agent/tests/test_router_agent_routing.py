@@ -147,6 +147,36 @@ def test_a_placement_of_an_unknown_and_a_known_broker_routes_to_the_known_one() 
     assert [b.name for b in route.brokers] == ["broker-1"]
 
 
+def test_a_broker_that_does_not_hold_the_address_yet_stays_out_of_its_route() -> None:
+    """The storage-controller's own words decide: a router sent to a broker lacking the queue
+    would be refused; the route appears when the broker holds it."""
+    from enmasse.storage_controller.placement import Placement
+    from enmasse.storage_controller.statuses import address_status
+
+    placement = Placement(space="shop", addresses={"orders": ("broker-0", "broker-1")})
+    orders = address("orders", "queue")
+
+    def routed(ready: set[str]) -> tuple[list[str], dict[str, str]]:
+        orders.status.CopyFrom(address_status(address=orders, placement=placement, ready=ready))
+        routes, held = address_routes(
+            addresses=[orders], placements=placements_of([orders]), brokers=BROKERS
+        )
+        return [b.name for r in routes.values() for b in r.brokers], held
+
+    assert routed(set()) == ([], {"orders": "waiting for broker: broker-0, broker-1"})
+    assert routed({"broker-1"}) == (["broker-1"], {})
+    assert routed({"broker-0", "broker-1"}) == (["broker-0", "broker-1"], {})
+    # A draining broker still holds what it drains: it is never waited for.
+    draining = address(
+        "jobs",
+        "queue",
+        placed=(("broker-0", "Draining"), ("broker-1", "Active")),
+        messages=("placed on broker broker-1", "waiting for broker: broker-1"),
+    )
+    (route,) = config_for("r0", [draining]).addresses
+    assert [(b.name, b.state) for b in route.brokers] == [("broker-0", "Draining")]
+
+
 def test_terminating_addresses_leave_the_configuration() -> None:
     gone = address("orders", "queue", placed=(("broker-0", "Active"),), phase="Terminating")
     assert [r.address for r in config_for("r0", [gone, ALL_TYPES[1]]).addresses] == ["news"]

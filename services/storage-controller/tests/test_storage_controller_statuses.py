@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enmasse.storage_controller.placement import DRAINING, Broker, Placement
-from enmasse.storage_controller.statuses import address_status, recorded_placement
+from enmasse.storage_controller.statuses import address_status, recorded_placement, space_status
 from enmasse.storage_controller.workloads import BrokerWorkload, LocalPorts
 from enmasse.v1 import resources_pb2
 
@@ -126,3 +126,59 @@ def test_the_placement_is_rebuilt_from_rendered_brokers_and_written_statuses() -
     del workloads["shop-broker-0"]
     partial = recorded_placement(space="shop", workloads=workloads, addresses=addresses)
     assert "orders" not in partial.addresses
+
+
+BROKERED = Placement(
+    "jms",
+    brokers={"jms-broker-0": Broker("jms-broker-0", pooled=True)},
+    addresses={"invoices": ("jms-broker-0",)},
+)
+
+
+def brokered_space(
+    status: resources_pb2.AddressSpaceStatus | None = None,
+) -> resources_pb2.AddressSpace:
+    return resources_pb2.AddressSpace(
+        metadata={"name": "jms", "generation": 2},
+        spec={"type": "brokered", "plan": "brokered-single"},
+        status=status,
+    )
+
+
+def test_a_brokered_address_is_active_once_its_broker_holds_it() -> None:
+    held = address_status(
+        address=address("invoices"), placement=BROKERED, ready={"jms-broker-0"}, brokered=True
+    )
+    assert summary(held) == (
+        "Active",
+        ["placed on broker jms-broker-0", "broker ready: jms-broker-0"],
+        [("jms-broker-0", "Active")],
+    )
+    waiting = address_status(
+        address=address("invoices"), placement=BROKERED, ready=set(), brokered=True
+    )
+    assert summary(waiting)[0] == "Configuring"
+    # the same in a standard space waits for the router-agent
+    standard = address_status(
+        address=address("invoices"), placement=BROKERED, ready={"jms-broker-0"}
+    )
+    assert summary(standard)[0] == "Configuring"
+
+
+def test_a_brokered_space_publishes_its_brokers_endpoint_once_it_answers() -> None:
+    no_broker = space_status(space=brokered_space(), placement=Placement("jms"), amqp=None)
+    assert (no_broker.status.phase, list(no_broker.status.messages)) == (
+        "Configuring",
+        ["no broker yet: the first address starts it"],
+    )
+    waiting = space_status(space=brokered_space(), placement=BROKERED, amqp=None)
+    assert (waiting.status.phase, list(waiting.status.messages), list(waiting.endpoints)) == (
+        "Configuring",
+        ["waiting for broker: jms-broker-0"],
+        [],
+    )
+    active = space_status(space=brokered_space(), placement=BROKERED, amqp=("127.0.0.1", 5999))
+    assert active.status.phase == "Active"
+    assert list(active.status.messages) == ["broker ready: jms-broker-0"]
+    assert active.status.observed_generation == 2
+    assert [(e.name, e.host, e.port) for e in active.endpoints] == [("amqp", "127.0.0.1", 5999)]

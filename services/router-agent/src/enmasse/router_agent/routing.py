@@ -12,6 +12,10 @@ Rules:
   out what it still holds). Without a placement, or while no placed broker has a known endpoint,
   the address stays out of the configuration (a router refuses a waypoint address with no broker)
   and its phase says why;
+- a broker the storage-controller says does not hold the address yet (`waiting for broker: b` in
+  the address's status) stays out of its route, and with every placed broker waiting the address
+  stays out altogether: a router given a broker that lacks the address would attach to it and be
+  refused; the route appears once the broker holds it (the status changes, the agent pushes);
 - a subscription reads a topic: the router wants the topic's AMQP address, the spec names the
   topic's resource, so it is translated here;
 - an address is Active only when every router of its space runs a generation that includes its
@@ -120,7 +124,9 @@ def address_routes(
         if spec.type not in STORED_TYPES:
             held_back[name] = f"unknown address type '{spec.type}'"
             continue
-        waypoints, why = _waypoints(placements.get(name, ()), brokers)
+        waypoints, why = _waypoints(
+            placements.get(name, ()), brokers, waiting=brokers_waiting(address)
+        )
         if not waypoints:
             held_back[name] = why
             continue
@@ -131,17 +137,34 @@ def address_routes(
     return routes, held_back
 
 
+def brokers_waiting(address: resources_pb2.Address) -> frozenset[str]:
+    """The brokers the storage-controller says do not hold the address yet."""
+    waiting: set[str] = set()
+    for message in address.status.status.messages:
+        if message.startswith(BROKER_NOT_READY):
+            names = message[len(BROKER_NOT_READY) :].split(",")
+            waiting.update(n.strip() for n in names if n.strip())
+    return frozenset(waiting)
+
+
 def _waypoints(
-    placement: Placement, brokers: Mapping[str, BrokerEndpoint]
+    placement: Placement,
+    brokers: Mapping[str, BrokerEndpoint],
+    *,
+    waiting: frozenset[str] = frozenset(),
 ) -> tuple[list[router_pb2.BrokerWaypoint], str]:
     if not placement:
         return [], "waiting for a broker placement"
     waypoints = []
     unknown = []
+    not_ready = []
     for broker, state in placement:
         endpoint = brokers.get(broker)
         if endpoint is None:
             unknown.append(broker)
+            continue
+        if state == ACTIVE and broker in waiting:
+            not_ready.append(broker)
             continue
         waypoints.append(
             router_pb2.BrokerWaypoint(
@@ -150,6 +173,8 @@ def _waypoints(
         )
     if unknown and not waypoints:
         return [], f"no known endpoint yet for broker {', '.join(unknown)}"
+    if not_ready and not waypoints:
+        return [], f"{BROKER_NOT_READY} {', '.join(not_ready)}"
     return waypoints, ""
 
 

@@ -98,5 +98,8 @@ class BrokerHandler(_Deliveries):
     def on_link_attach(self, link: Link) -> None:
         link.refuse(Condition("amqp:not-allowed", "a router takes no links from a broker"))
 
+    def on_link_open(self, link: Link) -> None:
+        self.router.broker_links.link_opened(link)
+
     def on_link_detach(self, link: Link, *, closed: bool, error: Condition | None) -> None:
-        self.router.broker_links.link_detached(link)
+        self.router.broker_links.link_detached(link, error=error)

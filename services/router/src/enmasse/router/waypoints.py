@@ -8,6 +8,14 @@ broker that the core balances over as the address's targets (Active brokers only
 takes no new messages), and per client consumer one receiver per broker holding the address,
 which pulls on the consumer's credit and hands the consumer's outcome back to the broker.
 
+A broker may refuse a link (amqp:not-found: the storage-controller has not created the address
+on it yet) or end one with an error (the address was deleted and made again). While the address
+is still configured with that broker, the link is attached again after a short back-off (0.1 s
+doubling to 2 s, for as long as it stays configured; back to 0.1 s after a success), because no
+further configuration push may ever come to say "try again". A sender joins the address's
+targets only once the broker has answered its attach, so producers get no credit (they wait, they
+are not refused) until a broker really takes the address.
+
 Why a receiver per consumer and not one shared feed: the broker's subscription semantics hang on
 the link. A topic subscriber's link is named after the client's container id and link name and
 carries the client's source terminus (durable, expiry policy, capabilities, filter), and every
@@ -20,7 +28,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from enmasse.common.amqp.engine import Connection, Delivery, Link, Outcome, Terminus
+from enmasse.common.amqp.engine import (
+    Condition,
+    Connection,
+    Delivery,
+    Link,
+    Outcome,
+    Terminus,
+    Timer,
+)
 from enmasse.router.config import Waypoint
 from enmasse.router.points import REDIAL_SECONDS, AddressPoint, ConnectionRole, LinkState, Role
 
@@ -28,6 +44,26 @@ if TYPE_CHECKING:
     from enmasse.router.forwarding import Router
 
 BROKER_CONTAINER_ID = "enmasse-router"
+REATTACH_FIRST_SECONDS = 0.1
+REATTACH_MAX_SECONDS = 2.0
+
+
+def reattach_delay(attempts: int) -> float:
+    """Back-off before the next attach of a refused broker link: 0.1 s doubling to 2 s."""
+    return min(REATTACH_FIRST_SECONDS * 2 ** min(attempts, 16), REATTACH_MAX_SECONDS)
+
+
+@dataclass(eq=False)
+class Reattach:
+    """A broker link that the broker refused or ended, waiting to be attached again."""
+
+    attempts: int = 0
+    timer: Timer | None = None
+
+    def cancel(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
 
 @dataclass(eq=False)
@@ -36,8 +72,20 @@ class BrokerSession:
     connection: Connection | None = None
     open: bool = False
     senders: dict[str, Link] = field(default_factory=dict)
+    attached: set[str] = field(default_factory=set)  # addresses whose sender the broker took
+    sender_retries: dict[str, Reattach] = field(default_factory=dict)  # by address
+    feed_retries: dict[Link, Reattach] = field(default_factory=dict)  # by client consumer
     redial: int = 0
     retired: bool = False
+
+    def forget_links(self) -> None:
+        """The connection is gone: its links and their pending re-attaches with it."""
+        self.senders.clear()
+        self.attached.clear()
+        for retry in [*self.sender_retries.values(), *self.feed_retries.values()]:
+            retry.cancel()
+        self.sender_retries.clear()
+        self.feed_retries.clear()
 
 
 class BrokerLinks:
@@ -49,8 +97,7 @@ class BrokerLinks:
 
     def sync_targets(self, point: AddressPoint) -> None:
         """Sender links to every Active broker holding the address become its targets."""
-        route = point.resolution.route
-        active = {w.broker for w in route.active_waypoints} if route is not None else set()
+        active = _active_brokers(point)
         for link in point.targets.targets:
             if link.context.router not in active:
                 point.targets.remove(link)
@@ -58,6 +105,9 @@ class BrokerLinks:
             session = self.sessions.get(name)
             if session is None or not session.open or session.connection is None:
                 continue
+            retry = session.sender_retries.get(point.address)
+            if retry is not None and retry.timer is not None:
+                continue  # refused a moment ago: the back-off says when to ask again
             sender = session.senders.get(point.address)
             if sender is None or not sender.is_open:
                 sender = session.connection.open_sender(
@@ -65,8 +115,47 @@ class BrokerLinks:
                 )
                 sender.context = LinkState(role=Role.BROKER_OUT, point=point, router=name)
                 session.senders[point.address] = sender
-            point.targets.add(sender)
+                session.attached.discard(point.address)
+            elif point.address in session.attached:
+                sender.context.point = point
+                point.targets.add(sender)
         self.router.drain_pending(point)
+
+    def link_opened(self, link: Link) -> None:
+        """The broker took a link we attached: a sender becomes a target, a feed is live."""
+        state = link.context
+        if not isinstance(state, LinkState):
+            return
+        session = self.sessions.get(state.router)
+        if session is None or link.connection is not session.connection:
+            return
+        point = state.point
+        if state.role is Role.BROKER_IN:
+            if state.consumer is not None:
+                self._reattached(session.feed_retries.pop(state.consumer, None), link)
+            return
+        if point is None or session.senders.get(point.address) is not link:
+            return
+        session.attached.add(point.address)
+        self._reattached(session.sender_retries.pop(point.address, None), link)
+        current = self.router.points.get(point.address)
+        if current is None:
+            return
+        state.point = current
+        if state.router in _active_brokers(current):
+            current.targets.add(link)
+        self.router.drain_pending(current)
+        self.router.grant_credit(current)
+
+    def _reattached(self, retry: Reattach | None, link: Link) -> None:
+        if retry is not None:
+            retry.cancel()
+            self.router.log.info(
+                "broker link attached again",
+                broker=link.context.router,
+                address=link.address,
+                attempts=retry.attempts,
+            )
 
     def open_feeds(self, consumer: Link) -> None:
         state: LinkState = consumer.context
@@ -78,6 +167,9 @@ class BrokerLinks:
             session = self.sessions.get(waypoint.broker)
             if waypoint.broker in have or session is None or not session.open:
                 continue
+            retry = session.feed_retries.get(consumer)
+            if retry is not None and retry.timer is not None:
+                continue  # refused a moment ago: the back-off says when to ask again
             assert session.connection is not None
             source = consumer.source
             node = point.resolution.broker_address
@@ -164,6 +256,7 @@ class BrokerLinks:
                 session.waypoint.port,
             ):
                 session.retired = True
+                session.forget_links()
                 if session.connection is not None:
                     session.connection.close()
                 del self.sessions[name]
@@ -205,7 +298,7 @@ class BrokerLinks:
     def broker_closed(self, session: BrokerSession, conn: Connection) -> None:
         self.router.close_record(conn)
         was_open, session.open = session.open, False
-        session.senders.clear()
+        session.forget_links()
         if was_open:
             self.router.log.warning("broker connection lost", broker=session.waypoint.broker)
         if session.retired or self.sessions.get(session.waypoint.broker) is not session:
@@ -214,17 +307,110 @@ class BrokerLinks:
         session.redial += 1
         self.router.engine.call_later(delay, lambda: self._dial(session))
 
-    def link_detached(self, link: Link) -> None:
+    def link_detached(self, link: Link, *, error: Condition | None) -> None:
+        """A broker link ended. Refused or ended by the broker while its connection lives on:
+        attached again after a back-off, for as long as the address stays configured there."""
         state = link.context
         if not isinstance(state, LinkState):
             return
+        session = self.sessions.get(state.router)
+        if session is not None and link.connection is not session.connection:
+            session = None  # a link of an earlier connection to that broker
         if state.role is Role.BROKER_IN:
+            consumer = state.consumer
             self._feed_lost(link)
+            if session is not None and consumer is not None and not link.connection.closed:
+                self._schedule_feed(session, consumer, error=error)
             return
         point = state.point
         if point is not None:
             point.targets.remove(link)
-            session = self.sessions.get(state.router)
             if session is not None and session.senders.get(point.address) is link:
                 del session.senders[point.address]
+                session.attached.discard(point.address)
+                if not link.connection.closed:
+                    self._schedule_sender(session, point.address, error=error)
         self.router.target_lost(link)
+
+    def _schedule_sender(
+        self, session: BrokerSession, address: str, *, error: Condition | None
+    ) -> None:
+        retry = session.sender_retries.setdefault(address, Reattach())
+        if retry.timer is not None:
+            return
+        self._refused(retry, session=session, address=address, error=error)
+        retry.timer = self.router.engine.call_later(
+            reattach_delay(retry.attempts), lambda: self._retry_sender(session, address)
+        )
+        retry.attempts += 1
+
+    def _retry_sender(self, session: BrokerSession, address: str) -> None:
+        retry = session.sender_retries.get(address)
+        if retry is None:
+            return
+        retry.timer = None
+        point = self.router.points.get(address)
+        if (
+            point is None
+            or not point.waypoint
+            or self.sessions.get(session.waypoint.broker) is not session
+            or session.waypoint.broker not in _active_brokers(point)
+        ):
+            del session.sender_retries[address]  # no longer configured there: nothing to retry
+            return
+        self.sync_targets(point)
+
+    def _schedule_feed(
+        self, session: BrokerSession, consumer: Link, *, error: Condition | None
+    ) -> None:
+        retry = session.feed_retries.setdefault(consumer, Reattach())
+        if retry.timer is not None:
+            return
+        self._refused(retry, session=session, address=consumer.address or "", error=error)
+        retry.timer = self.router.engine.call_later(
+            reattach_delay(retry.attempts), lambda: self._retry_feed(session, consumer)
+        )
+        retry.attempts += 1
+
+    def _retry_feed(self, session: BrokerSession, consumer: Link) -> None:
+        retry = session.feed_retries.get(consumer)
+        if retry is None:
+            return
+        retry.timer = None
+        state = consumer.context
+        point = state.point if isinstance(state, LinkState) else None
+        route = point.resolution.route if point is not None else None
+        if (
+            point is None
+            or route is None
+            or not consumer.is_open
+            or consumer not in point.local
+            or self.sessions.get(session.waypoint.broker) is not session
+            or all(w.broker != session.waypoint.broker for w in route.waypoints)
+        ):
+            del session.feed_retries[consumer]  # consumer gone or address moved: stop
+            return
+        self.open_feeds(consumer)
+
+    def _refused(
+        self,
+        retry: Reattach,
+        *,
+        session: BrokerSession,
+        address: str,
+        error: Condition | None,
+    ) -> None:
+        # Once per refusal streak, not per attempt: a broker that lacks the address for a
+        # minute would otherwise write hundreds of lines.
+        if retry.attempts == 0:
+            self.router.log.warning(
+                "broker refused a link; attaching again with back-off",
+                broker=session.waypoint.broker,
+                address=address,
+                error=str(error) if error is not None else None,
+            )
+
+
+def _active_brokers(point: AddressPoint) -> set[str]:
+    route = point.resolution.route
+    return {w.broker for w in route.active_waypoints} if route is not None else set()

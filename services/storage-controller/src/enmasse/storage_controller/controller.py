@@ -16,6 +16,10 @@ One pass over one space (`reconcile_space`), in this order, each step safe to re
    broker that does not answer is never reported drained). A Draining broker with no moves left
    is dropped, and its file removed, so the runtime stops it;
 5. statuses: write what changed (compare-and-swap on the version seen; a lost race re-reads).
+   A brokered space has no routers (its clients talk to its one broker), so here its addresses
+   turn Active once the broker holds them, and its AddressSpace status turns Active with the
+   broker's AMQP endpoint (from the directory: the broker's own ports file when there is one)
+   once the broker answers. Standard spaces' phases and endpoints are the router-agent's.
 A broker gets at most ENSURE_BUDGET ensure calls a pass (brokers side by side); the rest wait for
 the next pass, which follows at once, so thousands of new addresses get their statuses in slices
 instead of all at the end. A space whose pass left work undone (a broker not up yet, a drain to
@@ -40,7 +44,7 @@ from enmasse.common.validation import BROKERED_TYPES, object_of
 from enmasse.storage_controller.directory import BrokerDirectory, BrokerEndpoint
 from enmasse.storage_controller.gitops_writeback import WorkloadRepository, change_reasons
 from enmasse.storage_controller.placement import ACTIVE, Placement, place
-from enmasse.storage_controller.statuses import address_status, recorded_placement
+from enmasse.storage_controller.statuses import address_status, recorded_placement, space_status
 from enmasse.storage_controller.workloads import (
     BrokerWorkload,
     GitOpsOutput,
@@ -249,7 +253,10 @@ class StorageController:
         if placement != self.placements[space]:
             self._render(space, placement)
             self.placements[space] = placement
-        await self._write_statuses(space, addresses, placement, found_pass)
+        brokered = address_space.spec.type == "brokered"
+        await self._write_statuses(space, addresses, placement, found_pass, brokered=brokered)
+        if brokered and not await self._write_space_status(address_space, placement, found_pass):
+            found_pass.settled = False
         if found_pass.deferred:
             self._hurry = True
         return found_pass.settled and not placement.moves and not self._deletions.get(space)
@@ -597,6 +604,8 @@ class StorageController:
         addresses: Iterable[resources_pb2.Address],
         placement: Placement,
         found: SpacePass,
+        *,
+        brokered: bool,
     ) -> None:
         changes: list[Coroutine[Any, Any, None]] = []
         for address in addresses:
@@ -607,6 +616,7 @@ class StorageController:
                 placement=placement,
                 ready=found.ready.get(address.metadata.name, set()),
                 refusal=found.refusals.get(address.metadata.name, ""),
+                brokered=brokered,
             )
             if desired != address.status:
                 changes.append(self._write_status(address, desired))
@@ -651,6 +661,62 @@ class StorageController:
                 brokers=[b.broker for b in desired.brokers],
             )
             return
+
+    async def _write_space_status(
+        self, address_space: resources_pb2.AddressSpace, placement: Placement, found: SpacePass
+    ) -> bool:
+        """A brokered space's phase and endpoint; False when the write lost a race (retry)."""
+        name = address_space.metadata.name
+        desired = space_status(
+            space=address_space,
+            placement=placement,
+            amqp=self._answering_amqp(name, placement, found),
+        )
+        if desired == address_space.status:
+            return True
+        key = ("", name)
+        wire = desired.SerializeToString(deterministic=True)
+        last = self._written.get(key)
+        if (
+            last is not None
+            and last[0] == wire
+            and address_space.metadata.resource_version < last[1]
+        ):
+            return True  # the informer has not caught up with our own write yet
+        request = config_pb2.UpdateAddressSpaceStatusRequest(
+            ref=config_pb2.ObjectRef(name=name),
+            status=desired,
+            resource_version=address_space.metadata.resource_version,
+        )
+        try:
+            written = await self._config_stub().UpdateAddressSpaceStatus(
+                request, timeout=RPC_TIMEOUT
+            )
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.NOT_FOUND:
+                return True  # the space is going: its deletion triggers the next pass
+            if error.code() == grpc.StatusCode.ABORTED:
+                return False  # the informer brings the newer version; the retry writes on it
+            await self._drop_config_channel()
+            raise
+        self._written[key] = (wire, written.metadata.resource_version)
+        log.info(
+            "address space status written",
+            space=name,
+            phase=desired.status.phase,
+            endpoints=[f"{e.host}:{e.port}" for e in desired.endpoints],
+        )
+        return True
+
+    def _answering_amqp(
+        self, space: str, placement: Placement, found: SpacePass
+    ) -> tuple[str, int] | None:
+        """Where the space's broker takes AMQP clients, or None while it does not answer."""
+        answering = sorted(
+            b.id for b in placement.brokers.values() if b.state == ACTIVE and b.id in found.up
+        )
+        endpoint = self._endpoint(space, answering[0]) if answering else None
+        return (endpoint.host, endpoint.amqp_port) if endpoint is not None else None
 
     async def _drop_config_channel(self) -> None:
         if self._config_channel is not None:

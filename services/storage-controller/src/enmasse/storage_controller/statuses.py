@@ -6,10 +6,15 @@ status it has when nothing changed (the controller writes only differences).
 
 The division of labour with the router-agent: this controller writes `status.brokers` (each
 broker with state Active, or Draining while the address's messages leave it) and the phase up to
-Configuring; `Active` is the router-agent's to set, once every router runs the address. So an
-Active address whose brokers did not change and whose brokers all hold it is left exactly as it
-is. Messages are for people, but stable: `placed on broker(s) a, b`, then `broker ready: a, b` or
-`waiting for broker: a`, and `draining from broker: c` while messages move.
+Configuring; in a standard space `Active` is the router-agent's to set, once every router runs
+the address. So an Active address whose brokers did not change and whose brokers all hold it is
+left exactly as it is. Messages are for people, but stable: `placed on broker(s) a, b`, then
+`broker ready: a, b` or `waiting for broker: a`, and `draining from broker: c` while messages move.
+
+A brokered space has no routers: its clients talk to its one broker directly, so nobody else
+could ever say Active. Here an address is Active as soon as its broker holds it, and the
+AddressSpace status (`space_status`) is Active with the broker's AMQP port as its `amqp`
+endpoint once that broker answers; Configuring, saying what it waits for, until then.
 
 And back: `recorded_placement` rebuilds a space's placement from what it wrote (the rendered
 brokers plus the addresses' `status.brokers`), so a restarted controller moves nothing.
@@ -35,6 +40,7 @@ def address_status(
     placement: Placement,
     ready: Collection[str],
     refusal: str = "",
+    brokered: bool = False,
 ) -> resources_pb2.AddressStatus:
     name = address.metadata.name
     generation = address.metadata.generation
@@ -59,7 +65,49 @@ def address_status(
         messages.append(f"broker ready: {', '.join(active)}")
     if leaving:
         messages.append(f"draining from broker: {', '.join(leaving)}")
-    return _status(CONFIGURING, messages, generation=generation, brokers=entries)
+    # no router will ever report a brokered address: its broker holding it is all there is
+    phase = ACTIVE if brokered and active and not waiting and not leaving else CONFIGURING
+    return _status(phase, messages, generation=generation, brokers=entries)
+
+
+def space_status(
+    *,
+    space: resources_pb2.AddressSpace,
+    placement: Placement,
+    amqp: tuple[str, int] | None,
+) -> resources_pb2.AddressSpaceStatus:
+    """A brokered space's status: Active with its broker's `amqp` endpoint once the broker
+    answers (`amqp` is where it listens then, None while it does not answer)."""
+    generation = space.metadata.generation
+    brokers = sorted(b.id for b in placement.brokers.values() if b.state == ACTIVE)
+    if not brokers:
+        return _space_status(
+            CONFIGURING, ["no broker yet: the first address starts it"], generation=generation
+        )
+    if amqp is None:
+        return _space_status(
+            CONFIGURING, [f"waiting for broker: {brokers[0]}"], generation=generation
+        )
+    host, port = amqp
+    return _space_status(
+        ACTIVE,
+        [f"broker ready: {brokers[0]}"],
+        generation=generation,
+        endpoints=[resources_pb2.Endpoint(name="amqp", host=host, port=port)],
+    )
+
+
+def _space_status(
+    phase: str,
+    messages: list[str],
+    *,
+    generation: int,
+    endpoints: Sequence[resources_pb2.Endpoint] = (),
+) -> resources_pb2.AddressSpaceStatus:
+    return resources_pb2.AddressSpaceStatus(
+        status=resources_pb2.Status(phase=phase, messages=messages, observed_generation=generation),
+        endpoints=endpoints,
+    )
 
 
 def _status(

@@ -1,0 +1,178 @@
+"""A brokered space end to end: real config over etcd, a real broker process, no router.
+
+The test plays the local runtime: it starts the `enmasse-broker` the controller renders, on
+ports of its own choosing (port 0), with its ports file where `enmasse up` puts it
+(`<var>/brokers/<space>/<id>/ports.json`). So the endpoint the AddressSpace status publishes can
+only be right if it was read from that file, and clients reach the broker through it directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import grpc
+import pytest
+from enmasse.common.amqp import codec
+from enmasse.common.amqp.client import Client
+from enmasse.common.amqp.engine import Outcome
+from enmasse.storage_controller.controller import StorageController
+from enmasse.storage_controller.directory import LocalBrokerDirectory
+from enmasse.storage_controller.workloads import GitOpsOutput
+from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
+
+from tests.fixtures.broker import BrokerProcess
+from tests.fixtures.config_service import InProcessConfig
+
+pytestmark = pytest.mark.slow
+WAIT = 30.0
+SpaceSummary = tuple[str, list[str], list[tuple[str, str, int]]]
+AddressSummary = tuple[str, list[str], list[tuple[str, str]]]
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {WAIT} s: {what}")
+        await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+async def config(
+    config_server: InProcessConfig,
+) -> AsyncIterator[config_pb2_grpc.ConfigServiceStub]:
+    async with grpc.aio.insecure_channel(config_server.target) as channel:
+        yield config_pb2_grpc.ConfigServiceStub(channel)
+
+
+async def space_of(config: config_pb2_grpc.ConfigServiceStub) -> SpaceSummary:
+    found = await config.GetAddressSpace(config_pb2.ObjectRef(name="jms"), timeout=5)
+    status = found.status
+    return (
+        status.status.phase,
+        list(status.status.messages),
+        [(e.name, e.host, e.port) for e in status.endpoints],
+    )
+
+
+async def address_of(config: config_pb2_grpc.ConfigServiceStub, name: str) -> AddressSummary:
+    found = await config.GetAddress(config_pb2.ObjectRef(space="jms", name=name), timeout=5)
+    status = found.status
+    return (
+        status.status.phase,
+        list(status.status.messages),
+        [(b.broker, b.state) for b in status.brokers],
+    )
+
+
+async def test_a_brokered_space_turns_active_with_its_brokers_endpoint_and_carries_messages(
+    config_server: InProcessConfig,
+    config: config_pb2_grpc.ConfigServiceStub,
+    tmp_path: Path,
+) -> None:
+    output = GitOpsOutput(tmp_path / "gitops")
+    var_dir = tmp_path / "var"
+    controller = StorageController(
+        config_target=config_server.target,
+        output=output,
+        directory=LocalBrokerDirectory(output=output, var_dir=var_dir),
+        resync_interval=0.2,
+    )
+    broker: BrokerProcess | None = None
+    controller.start()
+    try:
+        await config.CreateAddressSpace(
+            resources_pb2.AddressSpace(
+                metadata={"name": "jms"}, spec={"type": "brokered", "plan": "brokered-single"}
+            ),
+            timeout=5,
+        )
+        for name, kind in (("invoices", "queue"), ("notifications", "topic")):
+            await config.CreateAddress(
+                resources_pb2.Address(
+                    metadata={"name": name, "space": "jms"},
+                    spec={"address": name, "type": kind, "plan": f"brokered-{kind}"},
+                ),
+                timeout=5,
+            )
+
+        async def one_broker_rendered() -> bool:
+            return len(output.read_space("jms")) == 1
+
+        await eventually(one_broker_rendered, "the space's one broker rendered")
+        (broker_id,) = output.read_space("jms")
+
+        # rendered but not running: the space waits for it and publishes no endpoint
+        waiting: SpaceSummary = ("Configuring", [f"waiting for broker: {broker_id}"], [])
+
+        async def space_is(expected: SpaceSummary) -> bool:
+            return await space_of(config) == expected
+
+        await eventually(lambda: space_is(waiting), "the space waiting for its broker")
+        assert await address_of(config, "invoices") == (
+            "Configuring",
+            [f"placed on broker {broker_id}", f"waiting for broker: {broker_id}"],
+            [(broker_id, "Active")],
+        )
+
+        # the runtime starts it on ports of its own: only its ports file says where
+        broker = BrokerProcess(workdir=var_dir / "brokers" / "jms" / broker_id)
+        await asyncio.to_thread(broker.start)
+        active: SpaceSummary = (
+            "Active",
+            [f"broker ready: {broker_id}"],
+            [("amqp", "127.0.0.1", broker.amqp_port)],
+        )
+        await eventually(lambda: space_is(active), "the space Active at the broker's endpoint")
+        for name in ("invoices", "notifications"):
+            assert await address_of(config, name) == (
+                "Active",
+                [f"placed on broker {broker_id}", f"broker ready: {broker_id}"],
+                [(broker_id, "Active")],
+            )
+        held = await asyncio.to_thread(broker.addresses)
+        assert held["invoices"].kind == "queue"
+        assert held["notifications"].kind == "topic"
+
+        # clients use the published endpoint, straight to the broker
+        _, _, [(_, host, port)] = await space_of(config)
+        bodies, published = await asyncio.to_thread(_exchange, host, port)
+        assert bodies == ["invoice-0", "invoice-1", "invoice-2"]
+        assert published == "news"
+
+        # the statuses are settled: further passes write nothing
+        space_version = (
+            await config.GetAddressSpace(config_pb2.ObjectRef(name="jms"), timeout=5)
+        ).metadata.resource_version
+        for _ in range(3):
+            assert await controller.reconcile_space("jms"), "a settled space left work undone"
+        found = await config.GetAddressSpace(config_pb2.ObjectRef(name="jms"), timeout=5)
+        assert found.metadata.resource_version == space_version
+    finally:
+        await controller.stop()
+        if broker is not None:
+            await asyncio.to_thread(broker.stop)
+
+
+def _exchange(host: str, port: int) -> tuple[list[str], str]:
+    """Three messages through the queue, in order, and one through the topic."""
+    with Client(host, port) as client:
+        sender = client.sender("invoices")
+        for i in range(3):
+            delivery = sender.send(codec.encode_message(f"invoice-{i}", durable=True))
+            assert delivery.outcome == Outcome.ACCEPTED
+        receiver = client.receiver("invoices", credit=10)
+        bodies = []
+        for _ in range(3):
+            delivery = receiver.receive(timeout=10)
+            bodies.append(codec.read_body(delivery.payload))
+            receiver.accept(delivery)
+        subscriber = client.receiver("notifications", credit=10)
+        publisher = client.sender("notifications")
+        assert publisher.send(codec.encode_message("news")).outcome == Outcome.ACCEPTED
+        delivery = subscriber.receive(timeout=10)
+        subscriber.accept(delivery)
+        return bodies, codec.read_body(delivery.payload)
