@@ -52,7 +52,9 @@ def parse_url(url: str) -> Endpoint:
 
 
 def space_endpoint(space: resources_pb2.AddressSpace) -> Endpoint:
-    """The space's first amqp endpoint (one per router; a brokered space's is its broker); CliError while it has none."""
+    """The space's first amqp endpoint (one per router; a brokered space's is its broker).
+
+    CliError while it has none."""
     for endpoint in space.status.endpoints:
         if endpoint.name == "amqp" and endpoint.port:
             return Endpoint(host=endpoint.host or "127.0.0.1", port=endpoint.port)
