@@ -20,7 +20,9 @@ import structlog
 Renderer = Literal["json", "console"]
 
 
-def configure_logging(*, service: str, renderer: Renderer = "json", level: str | None = None) -> None:
+def configure_logging(
+    *, service: str, renderer: Renderer = "json", level: str | None = None
+) -> None:
     """Configures structlog and the standard library's logging for this process.
 
     `level` defaults to $ENMASSE_LOG_LEVEL, else INFO. Safe to call more than once (the last call
