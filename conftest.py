@@ -6,6 +6,12 @@ where a thing is expensive and safe to share; tests that need a clean one ask fo
 function-scoped variant.
 """
 
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
 pytest_plugins: list[str] = [
     "tests.fixtures.etcd",
     "tests.fixtures.config_service",
@@ -15,3 +21,17 @@ pytest_plugins: list[str] = [
     "tests.fixtures.spark",
     "tests.fixtures.local_runtime",
 ]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def enmasse_var(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Every process the tests start inherits $ENMASSE_VAR, where services write their trace
+    files: a session temp dir, so that a test run leaves nothing under the checkout's ./var."""
+    folder = tmp_path_factory.mktemp("enmasse-var")
+    previous = os.environ.get("ENMASSE_VAR")
+    os.environ["ENMASSE_VAR"] = str(folder)
+    yield folder
+    if previous is None:
+        os.environ.pop("ENMASSE_VAR", None)
+    else:
+        os.environ["ENMASSE_VAR"] = previous

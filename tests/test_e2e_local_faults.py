@@ -199,12 +199,6 @@ def test_two_address_spaces_are_isolated_and_deleting_one_leaves_the_other(
     assert receive_all(east, "orders", 1) == ["after"]
 
 
-@pytest.mark.xfail(
-    reason="router: a broker sender link refused before the storage-controller created the "
-    "address on a just-started broker is never re-attached (waypoints.link_detached), so "
-    "producers get no credit until the next config change of that address",
-    strict=False,
-)
 def test_a_dedicated_queue_gets_a_broker_of_its_own_and_carries_messages(
     local_runtime: LocalRuntime, ops: int
 ) -> None:

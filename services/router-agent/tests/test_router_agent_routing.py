@@ -177,6 +177,28 @@ def test_a_broker_that_does_not_hold_the_address_yet_stays_out_of_its_route() ->
     assert [(b.name, b.state) for b in route.brokers] == [("broker-0", "Draining")]
 
 
+def test_a_running_route_is_kept_when_its_broker_is_said_to_lack_the_address_again() -> None:
+    routing = SpaceRouting(space="shop")
+    ready = address("orders", "queue", placed=(("broker-0", "Active"),))
+    routes, held = address_routes(
+        addresses=[ready], placements=placements_of([ready]), brokers=BROKERS
+    )
+    assert routing.update(routes=routes, held_back=held, routers=ROUTERS, now_ms=100)
+    lacking = address(
+        "orders",
+        "queue",
+        placed=(("broker-0", "Active"),),
+        messages=("placed on broker broker-0", "waiting for broker: broker-0"),
+    )
+    routes, held = address_routes(
+        addresses=[lacking], placements=placements_of([lacking]), brokers=BROKERS
+    )
+    assert routes == {}
+    assert not routing.update(routes=routes, held_back=held, routers=ROUTERS, now_ms=200)
+    assert [b.name for b in routing.config("r0").addresses[0].brokers] == ["broker-0"]
+    assert routing.held_back == {"orders": "waiting for broker: broker-0"}
+
+
 def test_terminating_addresses_leave_the_configuration() -> None:
     gone = address("orders", "queue", placed=(("broker-0", "Active"),), phase="Terminating")
     assert [r.address for r in config_for("r0", [gone, ALL_TYPES[1]]).addresses] == ["news"]

@@ -296,6 +296,17 @@ class SpaceRouting:
     ) -> bool:
         """True when the generation moved (every router must get the new configuration)."""
         self.held_back = dict(held_back)
+        # A route the routers already run is not withdrawn because a broker is said to lack the
+        # address again: withdrawing would close every client link of it, while the router
+        # re-attaches to the broker by itself once the address is back.
+        routes = {
+            **routes,
+            **{
+                name: self.routes[name]
+                for name, why in held_back.items()
+                if why.startswith(BROKER_NOT_READY) and name in self.routes
+            },
+        }
         ordered = tuple(sorted(routers, key=lambda r: r.router_id))
         peers_changed = _mesh_of(ordered) != _mesh_of(self.routers)
         changed = [name for name, route in routes.items() if self.routes.get(name) != route]
