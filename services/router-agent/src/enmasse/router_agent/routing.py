@@ -15,7 +15,9 @@ Rules:
 - a broker the storage-controller says does not hold the address yet (`waiting for broker: b` in
   the address's status) stays out of its route, and with every placed broker waiting the address
   stays out altogether: a router given a broker that lacks the address would attach to it and be
-  refused; the route appears once the broker holds it (the status changes, the agent pushes);
+  refused; the route appears once the broker holds it (the status changes, the agent pushes).
+  A route the routers already run is kept, though (`SpaceRouting.update`): withdrawing it would
+  close its clients' links, and the router re-attaches to the broker by itself;
 - a subscription reads a topic: the router wants the topic's AMQP address, the spec names the
   topic's resource, so it is translated here;
 - an address is Active only when every router of its space runs a generation that includes its
