@@ -116,6 +116,8 @@ class RabbitMQNode:
             "RABBITMQ_DIST_PORT": str(self.dist_port),
             "ERL_EPMD_PORT": str(self.epmd_port),
             "ERL_EPMD_ADDRESS": self.host,
+            # A node that dies writes its crash dump here, not into the caller's working directory.
+            "ERL_CRASH_DUMP": str(base / "erl_crash.dump"),
             "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
             "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
             "RABBITMQ_LOG_BASE": str(base / "log"),
@@ -141,12 +143,18 @@ class RabbitMQNode:
         self.epmd = subprocess.Popen(
             [_epmd_binary(), "-port", str(self.epmd_port), "-address", self.host],
             env=env,
+            cwd=base,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         with open(base / "server.out", "ab") as out:
             self.server = subprocess.Popen(
-                [str(SERVER)], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                [str(SERVER)],
+                env=env,
+                cwd=base,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         try:
             self._wait_ready(timeout)
