@@ -6,12 +6,18 @@ a loopback or wildcard address (port 0 picks a free port: tests and `enmasse up`
 starts. Health starts as SERVING for the overall server and each named service; callers flip it to
 NOT_SERVING while they drain or lose their backing store.
 
+`write_port_file` publishes the bound port for whoever started the process (tests, `enmasse up`),
+and `until_terminated` is how a service's main waits for SIGTERM/SIGINT before it drains.
+
 Why one function: every service must look the same from outside (health probes in Kubernetes,
 reflection for grpcurl-style debugging), and nobody should have to remember the wiring.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -70,3 +76,20 @@ async def start_server(
     for name in ["", *names]:
         await running.set_serving(True, service=name)
     return running
+
+
+def write_port_file(path: str | os.PathLike[str], port: int) -> None:
+    """Writes `port` to `path` atomically (a reader never sees a half-written number)."""
+    partial = f"{os.fspath(path)}.partial"
+    with open(partial, "w") as file:
+        file.write(f"{port}\n")
+    os.replace(partial, path)
+
+
+async def until_terminated() -> None:
+    """Returns when the process gets SIGTERM (supervisor, Kubernetes) or SIGINT (Ctrl-C)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import signal
 import sys
 from pathlib import Path
 
 import structlog
 from enmasse.common.logging import configure_logging
-from enmasse.common.serving import start_server
+from enmasse.common.serving import start_server, until_terminated, write_port_file
 from enmasse.common.tracing import configure_service_tracing
 from enmasse.config.gitops_sync import DEFAULT_MANAGER, follow_tree, owned_spaces_of
 from enmasse.config.health import follow_store_health
@@ -79,14 +77,10 @@ async def serve(args: argparse.Namespace) -> None:
     sys.stdout.write(f"listening on {host}:{running.port}\n")
     sys.stdout.flush()
     if args.port_file:
-        _write_port_file(args.port_file, running.port)
+        write_port_file(args.port_file, running.port)
     health = asyncio.create_task(follow_store_health(store, running, service=SERVICE_NAME))
     sync = _start_sync(args, servicer) if args.manifests_dir else None
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
+    await until_terminated()
     log.info("stopping")
     health.cancel()
     if sync is not None:
@@ -130,13 +124,6 @@ def _start_sync(args: argparse.Namespace, servicer: ConfigServicer) -> asyncio.T
         ),
         name="gitops-sync",
     )
-
-
-def _write_port_file(path: str, port: int) -> None:
-    partial = f"{path}.partial"
-    with open(partial, "w") as file:
-        file.write(f"{port}\n")
-    os.replace(partial, path)
 
 
 def main(argv: list[str] | None = None) -> None:

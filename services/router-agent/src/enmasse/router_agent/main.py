@@ -12,13 +12,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import sys
 from pathlib import Path
 
 import structlog
 from enmasse.common.logging import configure_logging
-from enmasse.common.serving import start_server
+from enmasse.common.serving import start_server, until_terminated, write_port_file
 from enmasse.common.tracing import configure_service_tracing
 from enmasse.router_agent.agent import RouterAgent
 from enmasse.router_agent.directory import PortsTreeBrokers, PortsTreeRouters
@@ -84,22 +83,11 @@ async def serve(args: argparse.Namespace) -> None:
     sys.stdout.write(f"listening on {host or '127.0.0.1'}:{running.port}\n")
     sys.stdout.flush()
     if args.port_file:
-        _write_port_file(args.port_file, running.port)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
+        write_port_file(args.port_file, running.port)
+    await until_terminated()
     log.info("stopping")
     await running.stop(grace=1.0)
     await agent.stop()
-
-
-def _write_port_file(path: str, port: int) -> None:
-    partial = f"{path}.partial"
-    with open(partial, "w") as file:
-        file.write(f"{port}\n")
-    os.replace(partial, path)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 from pathlib import Path
 
 import structlog
 from enmasse.common.logging import configure_logging
-from enmasse.common.serving import start_server
+from enmasse.common.serving import start_server, until_terminated
 from enmasse.common.tracing import configure_service_tracing
 from enmasse.storage_controller.controller import StorageController
 from enmasse.storage_controller.directory import LocalBrokerDirectory
@@ -91,11 +90,7 @@ async def serve(args: argparse.Namespace) -> None:
     log.info("serving", port=running.port, config=args.config, gitops_dir=str(args.gitops_dir))
     writeback = await _start_writeback(args, controller)
     controller.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
+    await until_terminated()
     log.info("stopping")
     await controller.stop()
     if writeback is not None:
