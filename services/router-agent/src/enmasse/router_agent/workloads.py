@@ -23,17 +23,15 @@ The contract with the local runtime (StatefulSet metadata, as for brokers):
 
 from __future__ import annotations
 
-import contextlib
-import os
 import socket
 import sys
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from enmasse.common.workload_files import owned_files, sync_files
 
 IMAGE = "enmasse-py/router"
 MANAGER = "enmasse-router-agent"
@@ -256,43 +254,8 @@ class RouterWorkloads:
         return self._write_space(space, {})
 
     def _write_space(self, space: str, texts: Mapping[str, str]) -> list[str]:
-        directory = self.workloads / space
-        changed: list[str] = []
-        for path, workload in self._ours(space):
-            if workload.router_id not in texts:
-                path.unlink(missing_ok=True)
-                changed.append(workload.router_id)
-        for router_id, text in sorted(texts.items()):
-            path = directory / f"{router_id}.yaml"
-            if path.exists() and path.read_text() == text:
-                continue
-            _write_atomically(path, text)
-            changed.append(router_id)
-        with contextlib.suppress(OSError):  # not empty (brokers, people's files): it stays
-            if directory.is_dir() and not any(directory.iterdir()):
-                directory.rmdir()
-        return changed
+        owned = [(w.router_id, path) for path, w in self._ours(space)]
+        return sync_files(self.workloads / space, texts=texts, owned=owned)
 
     def _ours(self, space: str) -> list[tuple[Path, RouterWorkload]]:
-        directory = self.workloads / space
-        if not directory.is_dir():
-            return []
-        found = []
-        for path in sorted(directory.glob("*.yaml")):
-            with contextlib.suppress(WorkloadError, OSError):
-                workload = read_router(path.read_text())
-                if workload is not None:
-                    found.append((path, workload))
-        return found
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    try:
-        with os.fdopen(fd, "w") as file:
-            file.write(text)
-        os.replace(partial, path)
-    except BaseException:
-        Path(partial).unlink(missing_ok=True)
-        raise
+        return owned_files(self.workloads / space, read=read_router)

@@ -25,16 +25,14 @@ The contract with the local runtime and anyone else reading the output (Stateful
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from enmasse.common.workload_files import owned_files, sync_files
 from enmasse.storage_controller.placement import ACTIVE, Broker
 
 IMAGE = "enmasse-py/broker"
@@ -260,42 +258,8 @@ class GitOpsOutput:
     def write_space(self, space: str, texts: Mapping[str, str]) -> list[str]:
         """Makes the space's broker files exactly `texts` (broker id -> YAML); returns the
         ids whose files were written or deleted."""
-        directory = self.space_dir(space)
-        changed: list[str] = []
-        for path, workload in self._ours(space):
-            if workload.broker.id not in texts:
-                path.unlink(missing_ok=True)
-                changed.append(workload.broker.id)
-        for broker_id, text in sorted(texts.items()):
-            path = directory / f"{broker_id}.yaml"
-            if path.exists() and path.read_text() == text:
-                continue
-            _write_atomically(path, text)
-            changed.append(broker_id)
-        if directory.is_dir() and not any(directory.iterdir()):
-            directory.rmdir()
-        return changed
+        owned = [(w.broker.id, path) for path, w in self._ours(space)]
+        return sync_files(self.space_dir(space), texts=texts, owned=owned)
 
     def _ours(self, space: str) -> list[tuple[Path, BrokerWorkload]]:
-        directory = self.space_dir(space)
-        if not directory.is_dir():
-            return []
-        found = []
-        for path in sorted(directory.glob("*.yaml")):
-            with contextlib.suppress(WorkloadError, OSError):
-                workload = read_broker(path.read_text())
-                if workload is not None:
-                    found.append((path, workload))
-        return found
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    try:
-        with os.fdopen(fd, "w") as file:
-            file.write(text)
-        os.replace(partial, path)
-    except BaseException:
-        Path(partial).unlink(missing_ok=True)
-        raise
+        return owned_files(self.space_dir(space), read=read_broker)

@@ -1,0 +1,71 @@
+"""Rendered workload files: the GitOps output, `<root>/workloads/<space>/<id>.yaml`.
+
+Two writers share each space's folder: the storage-controller renders its brokers there and the
+router-agent its routers. Each owns the files its own reader recognizes (`read` returns the
+workload, or None for a file that is somebody else's) and never touches the others. In: the texts
+a writer wants for a space (id -> YAML). Out: the ids whose files were written or deleted.
+
+Writes are atomic (temp file + rename: the local runtime and Argo CD never read half a file) and
+skipped when the text is unchanged, so re-rendering an unchanged placement changes no byte and
+makes no git commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+Workload = TypeVar("Workload")
+
+
+def owned_files(
+    directory: Path, *, read: Callable[[str], Workload | None]
+) -> list[tuple[Path, Workload]]:
+    """The files of `directory` that `read` recognizes, in name order; unreadable ones skipped."""
+    if not directory.is_dir():
+        return []
+    found = []
+    for path in sorted(directory.glob("*.yaml")):
+        with contextlib.suppress(ValueError, OSError):
+            workload = read(path.read_text())
+            if workload is not None:
+                found.append((path, workload))
+    return found
+
+
+def sync_files(
+    directory: Path, *, texts: Mapping[str, str], owned: Sequence[tuple[str, Path]]
+) -> list[str]:
+    """Makes the writer's files in `directory` exactly `texts`: deletes the `owned` (id, path)
+    files `texts` lacks, writes the changed ones; the folder goes when nothing is left in it."""
+    changed: list[str] = []
+    for workload_id, path in owned:
+        if workload_id not in texts:
+            path.unlink(missing_ok=True)
+            changed.append(workload_id)
+    for workload_id, text in sorted(texts.items()):
+        path = directory / f"{workload_id}.yaml"
+        if path.exists() and path.read_text() == text:
+            continue
+        write_atomically(path, text)
+        changed.append(workload_id)
+    with contextlib.suppress(OSError):  # the other writer's files, or people's: it stays
+        if directory.is_dir() and not any(directory.iterdir()):
+            directory.rmdir()
+    return changed
+
+
+def write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "w") as file:
+            file.write(text)
+        os.replace(partial, path)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
