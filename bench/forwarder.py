@@ -27,6 +27,7 @@ from enmasse.common.amqp.engine import (
     Engine,
     Link,
     Outcome,
+    settle_gc_for_message_loop,
 )
 
 from bench.harness import Context, Table, latency_table, suite, throughput_table
@@ -121,6 +122,7 @@ def _serve(ports: Any) -> None:
     ports.put(
         engine.listen(host="127.0.0.1", port=0, handler_factory=lambda: RelayConnection(relay))
     )
+    settle_gc_for_message_loop()
     engine.run()
 
 

@@ -1,10 +1,12 @@
 """Router workloads: rendered to the GitOps output, read back, started as the runtime would.
 
 Pure: rendering is deterministic, read back gives what was rendered, ports stay across
-re-renders, and only the agent's own files are touched. With real parts: the agent renders a new
-space's router, the test starts it exactly as `enmasse up` would (`local_router_command`), the
-agent finds it by its ports file, configures it, an address becomes Active and carries a message;
-deleting the space removes the router's workload file and nothing else.
+re-renders, and only the agent's own files are touched; the mesh secret is a mounted Secret in a
+cluster and a 0600 file written once locally. With real parts: the agent renders a new space's
+router, the test starts it exactly as `enmasse up` would (`local_router_command`), the agent finds
+it by its ports file, configures it, an address becomes Active and carries a message, a
+MessagingUser created in the store can log in while a wrong password is refused; deleting the
+space removes the router's workload file and nothing else.
 """
 
 from __future__ import annotations
@@ -21,13 +23,15 @@ from typing import Any
 import pytest
 import yaml
 from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import Client
+from enmasse.common.amqp.client import AmqpError, Client
+from enmasse.common.amqp.engine import Condition
 from enmasse.router_agent.agent import RouterAgent
 from enmasse.router_agent.directory import PortsTreeBrokers, PortsTreeRouters
 from enmasse.router_agent.workloads import (
     LocalRouterPorts,
     RouterWorkload,
     RouterWorkloads,
+    ensure_local_mesh_secret,
     local_router_command,
     local_router_dir,
     read_router,
@@ -54,9 +58,33 @@ def test_rendering_is_deterministic_and_reads_back() -> None:
         "enmasse.io/local-inter-router-port": "2",
         "enmasse.io/local-admin-port": "3",
     }
-    assert (
-        "--router-id=router-0" in stateful_set["spec"]["template"]["spec"]["containers"][0]["args"]
-    )
+    pod = stateful_set["spec"]["template"]["spec"]
+    assert pod["containers"][0]["args"][0] == "--router-id=router-0"
+    assert pod["containers"][0]["args"][-2:] == [
+        "--client-auth=optional",
+        "--mesh-secret-file=/etc/enmasse/mesh/secret",
+    ]
+    assert pod["volumes"] == [
+        {"name": "mesh-secret", "secret": {"secretName": "shop-router-mesh", "defaultMode": 0o440}}
+    ]
+    assert pod["containers"][0]["volumeMounts"] == [
+        {"name": "mesh-secret", "mountPath": "/etc/enmasse/mesh", "readOnly": True}
+    ]
+
+
+def test_the_local_mesh_secret_is_written_once_and_private(tmp_path: Path) -> None:
+    path = ensure_local_mesh_secret(space="shop", var_dir=tmp_path)
+    assert path == tmp_path / "routers/shop/mesh-secret"
+    secret = path.read_text()
+    assert len(secret.strip()) >= 32
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert ensure_local_mesh_secret(space="shop", var_dir=tmp_path) == path
+    assert path.read_text() == secret, "kept: running routers still agree with new ones"
+    assert ensure_local_mesh_secret(space="other", var_dir=tmp_path).read_text() != secret
+    assert sorted(p.name for p in path.parent.iterdir()) == ["mesh-secret"]
+    command = local_router_command(WORKLOAD, var_dir=tmp_path)
+    assert f"--mesh-secret-file={path}" in command
+    assert "--client-auth=optional" in command
 
 
 def test_the_output_keeps_ports_and_touches_only_its_own_files(tmp_path: Path) -> None:
@@ -113,6 +141,7 @@ async def test_a_rendered_router_started_like_the_runtime_carries_messages(
         )
         workload = await _eventually(lambda: output.read_space("shop").get("router-0"))
         local_router_dir(workload, var_dir=var).mkdir(parents=True)  # the runtime's part
+        ensure_local_mesh_secret(space="shop", var_dir=var)
         with open(tmp_path / "router-0.log", "ab") as log:  # noqa: ASYNC230
             started.append(
                 subprocess.Popen(  # noqa: ASYNC220
@@ -138,14 +167,39 @@ async def test_a_rendered_router_started_like_the_runtime_carries_messages(
         body = await asyncio.to_thread(_one_message, workload.ports.amqp)
         assert body == "through the rendered router"
 
+        await config_stub.CreateMessagingUser(
+            resources_pb2.MessagingUser(
+                metadata={"name": "alice", "space": "shop"},
+                spec={"username": "alice", "password": "wonderland"},
+            )
+        )
+        login = {"user": "alice", "password": "wonderland"}
+        body = await _eventually(lambda: _logged_in_message(workload.ports.amqp, login))
+        assert body == "through the rendered router"
+        with pytest.raises(AmqpError) as refused:
+            await asyncio.to_thread(
+                _one_message, workload.ports.amqp, {"user": "alice", "password": "wonder"}
+            )
+        assert refused.value.condition == Condition(
+            "amqp:unauthorized-access", "Authentication failed [mech=PLAIN]"
+        )
+
         await config_stub.DeleteAddressSpace(config_pb2.DeleteRequest(ref=Ref(name="shop")))
         await _eventually(lambda: not (gitops / "workloads/shop/router-0.yaml").exists())
     finally:
         await agent.stop()
 
 
-def _one_message(port: int) -> str:
-    with Client("127.0.0.1", port) as client:
+def _logged_in_message(port: int, login: dict[str, str]) -> str | None:
+    """The message, once the agent has pushed the user to the router; None before."""
+    try:
+        return _one_message(port, login)
+    except AmqpError:
+        return None
+
+
+def _one_message(port: int, login: dict[str, str] | None = None) -> str:
+    with Client("127.0.0.1", port, **(login or {})) as client:
         receiver = client.receiver("calls")
         sender = client.sender("calls")
         outcome = sender.send_async(codec.encode_message("through the rendered router"))

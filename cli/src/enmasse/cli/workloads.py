@@ -37,6 +37,7 @@ from enmasse.cli.local import (
 )
 from enmasse.router_agent.workloads import (
     RouterWorkloads,
+    ensure_local_mesh_secret,
     local_router_command,
     local_router_dir,
 )
@@ -127,6 +128,8 @@ def reconcile_once(var: VarDir, *, force: bool = False) -> dict[str, list[str]]:
     programs = desired_programs(var)
     for program in programs.values():
         program.workdir.mkdir(parents=True, exist_ok=True)
+    for space in RouterWorkloads(var.gitops).spaces():  # before any router of it starts
+        ensure_local_mesh_secret(space=space, var_dir=var.root)
     if not write_program_files(var, program_files(var, programs)) and not force:
         return {}
     # The control plane's own programs are never touched here, whatever supervisord reports.

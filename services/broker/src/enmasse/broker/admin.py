@@ -4,7 +4,16 @@ The gRPC server runs its own asyncio loop in its own thread; the broker's state 
 engine thread. So every call is posted to the engine thread (`on_engine`, built on the engine's
 `call_soon_threadsafe`) and awaited through a future: one owner of the state, no locks. Domain
 errors become gRPC statuses with the domain's own words: InvalidName -> INVALID_ARGUMENT,
-NotFound -> NOT_FOUND, Conflict -> ALREADY_EXISTS; a failed drain -> UNAVAILABLE.
+NotFound -> NOT_FOUND, Conflict -> ALREADY_EXISTS, a topic to drain without target_admin or a
+queue another drain is moving -> FAILED_PRECONDITION; a failed drain -> UNAVAILABLE.
+
+Drain, step by step: pick the queues and topics (`drain.select`, on the engine); with
+`target_admin`, call the target's PrepareDrain (it creates what is missing with the same plans,
+durable subscriptions included, and answers with a token) from this asyncio thread; then start
+the `Drain` on the engine and await its result. Creating through the target's admin rather than
+by some AMQP attach capability keeps one way of creating addresses (validated, catalogued,
+fsync'd before the answer) and gives the token a natural issuer. A caller that gives up
+(deadline, cancel) cancels the drain: what the target did not accept stays here.
 
 EnsureQueue/EnsureTopic answer only once their catalog change is fsync'd, but they do not each
 pay for an fsync: the change is buffered and the first caller of a loop turn posts one catalog
@@ -22,6 +31,8 @@ from typing import Any, TypeVar
 import grpc
 import structlog
 from enmasse.broker.broker import AddressError, Broker, Conflict, InvalidName, NotFound
+from enmasse.broker.drain import Drain, DrainRefused, Selection, select
+from enmasse.broker.inbox import InboxAddress
 from enmasse.broker.plan import Plan
 from enmasse.broker.queue import Queue
 from enmasse.v1 import broker_pb2, broker_pb2_grpc
@@ -30,12 +41,15 @@ log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 OnEngine = Callable[[Callable[[], Any]], "concurrent.futures.Future[Any]"]
-DrainStarter = Callable[[str, int, list[str]], "concurrent.futures.Future[tuple[int, list[str]]]"]
+# (engine thread) host, port, queues, token -> the running drain
+DrainStarter = Callable[[str, int, list[Queue], str], Drain]
+PREPARE_TIMEOUT = 30.0
 
 _CODES: dict[type[AddressError], grpc.StatusCode] = {
     InvalidName: grpc.StatusCode.INVALID_ARGUMENT,
     NotFound: grpc.StatusCode.NOT_FOUND,
     Conflict: grpc.StatusCode.ALREADY_EXISTS,
+    DrainRefused: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 
@@ -70,7 +84,7 @@ class BrokerAdmin(broker_pb2_grpc.BrokerAdminServicer):
         try:
             return await asyncio.wrap_future(self._on_engine(fn))
         except AddressError as exc:
-            await context.abort(_CODES.get(type(exc), grpc.StatusCode.INVALID_ARGUMENT), str(exc))
+            await context.abort(_code_of(exc), str(exc))
             raise  # abort raises; this line keeps type checkers honest
 
     async def EnsureQueue(self, request, context):  # type: ignore[no-untyped-def]
@@ -142,23 +156,79 @@ class BrokerAdmin(broker_pb2_grpc.BrokerAdminServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "target_host and target_port (1-65535) are required",
             )
-        names = list(request.addresses)
-        unknown = await self._call(
-            context, lambda: [n for n in names if n not in self._broker.queues]
-        )
-        if unknown:
+        target_admin = request.target_admin
+        if target_admin and not _is_host_port(target_admin):
             await context.abort(
-                grpc.StatusCode.NOT_FOUND,
-                f"no queue {', '.join(map(repr, unknown))} on this broker",
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"target_admin must be host:port, not {target_admin!r}",
             )
+        names = list(request.addresses)
+        selection: Selection = await self._call(
+            context, lambda: select(self._broker, names, with_topics=bool(target_admin))
+        )
+        token = await self._prepare_target(context, target_admin, selection) if target_admin else ""
+        drain: Drain = await asyncio.wrap_future(
+            self._on_engine(
+                lambda: self._start_drain(
+                    request.target_host, request.target_port, selection.queues, token
+                )
+            )
+        )
         try:
-            moved, drained = await asyncio.wrap_future(
-                self._start_drain(request.target_host, request.target_port, names)
-            )
+            moved, drained = await asyncio.wrap_future(drain.result)
         except (OSError, RuntimeError) as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"drain stopped: {exc}")
+        except asyncio.CancelledError:
+            self._on_engine(drain.cancel)
+            raise
         log.info("drained", messages=moved, addresses=drained)
         return broker_pb2.DrainResponse(messages_moved=moved, addresses=drained)
+
+    async def _prepare_target(
+        self, context: grpc.aio.ServicerContext, target_admin: str, selection: Selection
+    ) -> str:
+        """Has the target create what the drain moves; returns the drain's token."""
+        request = broker_pb2.PrepareDrainRequest(
+            addresses=[
+                broker_pb2.DrainAddress(
+                    name=a.name,
+                    kind=a.kind,
+                    plan=a.plan.to_proto(),
+                    durable_subscriptions=list(a.subscriptions),
+                )
+                for a in selection.inbox
+            ]
+        )
+        async with grpc.aio.insecure_channel(target_admin) as channel:
+            stub = broker_pb2_grpc.BrokerAdminStub(channel)
+            try:
+                answer = await stub.PrepareDrain(request, timeout=PREPARE_TIMEOUT)
+            except grpc.aio.AioRpcError as exc:
+                code = (
+                    grpc.StatusCode.UNAVAILABLE
+                    if exc.code()
+                    in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+                    else grpc.StatusCode.FAILED_PRECONDITION
+                )
+                await context.abort(
+                    code, f"target {target_admin} refused to prepare: {exc.details()}"
+                )
+                raise
+        return str(answer.token)
+
+    async def PrepareDrain(self, request, context):  # type: ignore[no-untyped-def]
+        addresses = [
+            InboxAddress(
+                name=a.name,
+                kind=a.kind,
+                plan=Plan.from_proto(a.plan),
+                subscriptions=tuple(a.durable_subscriptions),
+            )
+            for a in request.addresses
+        ]
+        token = await self._call(context, lambda: self._broker.prepare_drain(addresses))
+        log.info("drain inbox prepared", addresses=[a.name for a in addresses])
+        return broker_pb2.PrepareDrainResponse(token=token)
 
     def _describe_topic(self, name: str) -> broker_pb2.BrokerAddress:
         topic = self._broker.topics[name]
@@ -207,8 +277,19 @@ def describe_queue(queue: Queue, *, kind: str, durable: bool = False) -> broker_
         expired=queue.expired,
         dead_lettered=queue.dead_lettered,
         durable=durable,
+        draining=queue.hand_off is not None,
     )
 
 
 def _by_name(address: broker_pb2.BrokerAddress) -> str:
     return address.name
+
+
+def _code_of(exc: AddressError) -> grpc.StatusCode:
+    found = (code for kind, code in _CODES.items() if isinstance(exc, kind))
+    return next(found, grpc.StatusCode.INVALID_ARGUMENT)
+
+
+def _is_host_port(value: str) -> bool:
+    host, _, port = value.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536

@@ -8,8 +8,14 @@ False when the producer must wait for `on_owned` (called after the group commit'
 
 Every entry that leaves a queue comes back here (`_removed`): a journaled one is acknowledged in the
 journal; a dead letter (rejected, or out of attempts) moves to the plan's dead-letter address; an
-expired one moves to the plan's expiry address or is dropped. No network here: tests drive it
-directly, the AMQP handler and the admin servicer sit on top.
+expired one moves to the plan's expiry address or is dropped. A journaled entry that comes back
+with a new delivery count (`_counted`) gets a COUNT record, so the count and the dead-letter rule
+survive a restart. No network here: tests drive it directly, the AMQP handler and the admin
+servicer sit on top.
+
+As the target of a drain (`prepare_drain`, see inbox.py) it creates the addresses the source
+will move, with the same plans and durable subscriptions, and issues the token that lets the
+drain's connection send into subscription queues (`publish` to `<topic>::<identity>`).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from pathlib import Path
 import structlog
 from enmasse.broker.catalog import Catalog
 from enmasse.broker.entry import Entry, Removal
+from enmasse.broker.inbox import DrainTokens, InboxAddress, identity_problem
 from enmasse.broker.journal import Journal, Recovered
 from enmasse.broker.plan import Plan
 from enmasse.broker.queue import MemoryBudget, Queue
@@ -87,6 +94,7 @@ class Broker:
         # instead of once per message. Unset (tests of the domain): dispatch at once.
         self.dispatch_later: Callable[[Queue], None] | None = None
         self.recovered = Recovered()
+        self.drain_tokens = DrainTokens()
 
     # ------------------------------------------------------------------ start
 
@@ -103,15 +111,18 @@ class Broker:
             return self.recovered
         self.recovered = self.journal.recover()
         self._next_id = self.recovered.next_id
+        counts = self.recovered.counts
         for queue_name, messages in self.recovered.messages.items():
             queue = self.find_queue(queue_name)
             for msg_id, payload, expires_at in messages:
                 if queue is None:
                     self.journal.ack(msg_id=msg_id, queue=queue_name)
                     continue
-                queue.enqueue(
-                    Entry(id=msg_id, payload=payload, journaled=True, expires_at=expires_at)
-                )
+                entry = Entry(id=msg_id, payload=payload, journaled=True, expires_at=expires_at)
+                count = counts.get((queue_name, msg_id))
+                if count is not None:
+                    entry.delivery_count, entry.failed_attempts = count
+                queue.enqueue(entry)
             if queue is None:
                 log.warning("journal held messages of a queue that is gone", queue=queue_name)
         self.journal.commit()
@@ -193,12 +204,70 @@ class Broker:
             raise InvalidName("; ".join(problems))
 
     def _new_queue(self, name: str, plan: Plan) -> Queue:
-        return Queue(name=name, plan=plan, budget=self.budget, on_removed=self._removed)
+        return Queue(
+            name=name,
+            plan=plan,
+            budget=self.budget,
+            on_removed=self._removed,
+            on_counted=self._counted,
+        )
 
     def _new_topic(self, name: str, plan: Plan) -> Topic:
-        topic = Topic(name=name, plan=plan, budget=self.budget, on_removed=self._removed)
+        topic = Topic(
+            name=name,
+            plan=plan,
+            budget=self.budget,
+            on_removed=self._removed,
+            on_counted=self._counted,
+        )
         self.topics[name] = topic
         return topic
+
+    def prepare_drain(self, addresses: list[InboxAddress]) -> str:
+        """Creates what a drain will move here and is missing (with the source's plans, and
+        durable subscriptions), with one catalog commit, and returns the drain's token. What
+        exists keeps its plan: the control plane may have ensured a newer one. Checks everything
+        first: a bad name, plan or identity, or a name of the other kind, changes nothing."""
+        for address in addresses:
+            self._check_inbox(address)
+        for address in addresses:
+            if address.kind == "queue":
+                if address.name not in self.queues:
+                    self.ensure_queue(address.name, address.plan, commit=False)
+                continue
+            topic = self.topics.get(address.name) or self.ensure_topic(
+                address.name, address.plan, commit=False
+            )
+            for identity in address.subscriptions:
+                _, created = topic.subscribe(identity=identity, durable=True)
+                if created:
+                    self._catalog.add_subscription(address.name, identity)
+        self.commit_catalog()
+        return self.drain_tokens.issue()
+
+    def _check_inbox(self, address: InboxAddress) -> None:
+        self._check(address.name, address.plan)
+        if address.kind == "queue":
+            if address.name in self.topics:
+                raise Conflict(f"{address.name!r} is a topic on this broker, not a queue")
+            if address.subscriptions:
+                raise InvalidName(f"queue {address.name!r} cannot have subscriptions")
+        elif address.kind == "topic":
+            if address.name in self.queues:
+                raise Conflict(f"{address.name!r} is a queue on this broker, not a topic")
+            for identity in address.subscriptions:
+                problem = identity_problem(identity)
+                if problem:
+                    raise InvalidName(f"topic {address.name!r}: {problem}")
+            found = self.topics.get(address.name)
+            for identity in address.subscriptions:
+                sub = found.subscriptions.get(identity) if found else None
+                if sub is not None and not sub.durable:
+                    raise Conflict(
+                        f"subscription {identity!r} of {address.name!r} exists and is not durable"
+                    )
+        else:
+            raise InvalidName(f"address kind must be queue or topic, not {address.kind!r}")
 
     # ------------------------------------------------------------------ lookups
 
@@ -233,6 +302,8 @@ class Broker:
 
     def has_room(self, address: str) -> bool:
         target = self.queues.get(address) or self.topics.get(address)
+        if target is None and SEPARATOR in address:
+            target = self.find_queue(address)  # a drain feeding a subscription queue
         return target.has_room() if target is not None else False
 
     def when_room(self, callback: Callable[[], None]) -> None:
@@ -249,18 +320,25 @@ class Broker:
         absolute_expiry_ms: int | None = None,
         on_owned: Callable[[], None] | None = None,
         now: int | None = None,
+        delivery_count: int = 0,
     ) -> bool:
         """Takes a message for a queue or topic. True: owned now. False: `on_owned` after fsync.
 
-        Raises NotFound for an unknown address (the handler refuses such links at attach already).
+        `<topic>::<identity>` puts it straight into that subscription queue: only a drain's
+        link gets there (the handler checks its token at attach). `delivery_count`: what the
+        message had been through before (a drained one). Raises NotFound for an unknown address.
         """
         queue = self.queues.get(address)
         topic = None
         if queue is None:
             topic = self.topics.get(address)
             if topic is None:
-                raise NotFound(f"no queue or topic {address!r} on this broker")
-            plan = topic.plan
+                queue = self.find_queue(address) if SEPARATOR in address else None
+                if queue is None:
+                    raise NotFound(f"no queue or topic {address!r} on this broker")
+                plan = queue.plan
+            else:
+                plan = topic.plan
         else:
             plan = queue.plan
         expires_at = 0
@@ -275,7 +353,13 @@ class Broker:
         if queue is not None:
             journaled = durable and plan.persistent and self.journal is not None
             queue.enqueue(
-                Entry(id=msg_id, payload=payload, journaled=journaled, expires_at=expires_at)
+                Entry(
+                    id=msg_id,
+                    payload=payload,
+                    journaled=journaled,
+                    expires_at=expires_at,
+                    delivery_count=delivery_count,
+                )
             )
             if journaled:
                 journaled_to.append(queue.name)
@@ -297,6 +381,10 @@ class Broker:
         self.journal.enqueue(
             msg_id=msg_id, queues=journaled_to, payload=payload, expires_at=expires_at
         )
+        if delivery_count and queue is not None:
+            self.journal.count(
+                msg_id=msg_id, queue=journaled_to[0], delivery_count=delivery_count, failed=0
+            )
         if on_owned is not None:
             self.journal.after_commit(on_owned)
         return False
@@ -336,6 +424,18 @@ class Broker:
         if moved.journaled and self.journal is not None:
             self.journal.enqueue(
                 msg_id=moved.id, queues=[target.name], payload=moved.payload, expires_at=0
+            )
+            if moved.delivery_count:
+                self._counted(target, moved)
+
+    def _counted(self, queue: Queue, entry: Entry) -> None:
+        """A journaled entry's delivery count changed: journal it (same group commit)."""
+        if self.journal is not None:
+            self.journal.count(
+                msg_id=entry.id,
+                queue=queue.name,
+                delivery_count=entry.delivery_count,
+                failed=entry.failed_attempts,
             )
 
     def _wake_room_waiters(self) -> None:

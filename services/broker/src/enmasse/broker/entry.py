@@ -34,8 +34,11 @@ class Entry:
         "id",
         "journaled",
         "payload",
+        "refused_by",
         "state",
     )
+
+    refused_by: set[object]  # a slot, set only on entries some consumer refused (see queue.py)
 
     def __init__(
         self,
@@ -53,6 +56,8 @@ class Entry:
         self.delivery_count = delivery_count  # what the consumer sees in the header
         self.failed_attempts = 0  # modified(delivery-failed) outcomes: counts to the DLQ
         self.state = State.READY
+        # `refused_by` (consumers that settled it modified + undeliverable-here) is left unset:
+        # only such an entry ever gets one, so the others pay nothing for it.
 
     def __repr__(self) -> str:
         return f"Entry(id={self.id}, state={self.state.name}, delivery_count={self.delivery_count})"

@@ -17,6 +17,12 @@ get credit in windows, topped up only while the target has room: at the memory l
 wait. Bad input (unknown address, anonymous or dynamic targets, undecodable headers) is refused
 on that link alone; the engine already closes connections that send garbage or go silent, and
 detaches links whose message exceeds the size limit (amqp:link:message-size-exceeded).
+
+A drain from another broker is an ordinary connection that presents a token from PrepareDrain
+(inbox.py) in its open frame: only such a connection may attach a sending link to a subscription
+queue (`<topic>::<identity>`; anyone else gets amqp:unauthorized-access), and its messages keep
+the delivery-count their header carries. The token is read once per connection, at its first
+sending link, and the per-message path of every other connection is untouched.
 """
 
 from __future__ import annotations
@@ -30,9 +36,10 @@ from enmasse.broker.config import Settings
 from enmasse.broker.entry import Entry
 from enmasse.broker.facts import message_facts
 from enmasse.broker.hops import TracedMessages
+from enmasse.broker.inbox import DRAIN_TOKEN_PROPERTY
 from enmasse.broker.journal import GroupCommitter
 from enmasse.broker.queue import Queue, Settlement
-from enmasse.broker.topic import durable_identity
+from enmasse.broker.topic import SEPARATOR, durable_identity
 from enmasse.common.amqp import codec
 from enmasse.common.amqp.engine import (
     Condition,
@@ -51,6 +58,7 @@ log = structlog.get_logger(__name__)
 NOT_FOUND = "amqp:not-found"
 NOT_IMPLEMENTED = "amqp:not-implemented"
 DECODE_ERROR = "amqp:decode-error"
+UNAUTHORIZED = "amqp:unauthorized-access"
 
 
 class Endpoint:
@@ -128,9 +136,14 @@ class Endpoint:
 
 
 class LinkConsumer:
-    """A consumer as the queue sees it: a sending link of ours and its credit."""
+    """A consumer as the queue sees it: a sending link of ours and its credit.
 
-    __slots__ = ("browse", "link", "queue", "subscription", "traced")
+    credit_left mirrors the link's credit without a call into proton per message: it is read
+    from the link whenever the peer's flow changes it (`on_link_credit`) and counted down here
+    for every delivery sent, the only other thing that changes it.
+    """
+
+    __slots__ = ("browse", "credit_left", "link", "queue", "subscription", "traced")
 
     def __init__(
         self,
@@ -146,11 +159,13 @@ class LinkConsumer:
         self.browse = browse
         self.subscription = subscription  # topic subscriptions: (topic, identity) bookkeeping
         self.traced = traced if traced is not None else TracedMessages()
+        self.credit_left = link.credit
 
     def credit(self) -> int:
-        return self.link.credit
+        return self.credit_left
 
     def deliver(self, entry: Entry) -> None:
+        self.credit_left -= 1
         if self.traced.waiting and not self.browse:  # some sampled message waits somewhere
             self._deliver_traced(entry)
             return
@@ -172,14 +187,19 @@ class LinkConsumer:
 
 
 class Producer:
-    """A receiving link of ours: where its messages go and whether it waits for room."""
+    """A receiving link of ours: where its messages go and whether it waits for room.
 
-    __slots__ = ("address", "link", "waiting")
+    credit_left counts down the credit we granted, one per message that arrives (only our flow
+    raises it), so the per-message check needs no call into proton.
+    """
+
+    __slots__ = ("address", "credit_left", "link", "waiting")
 
     def __init__(self, link: Link, address: str) -> None:
         self.link = link
         self.address = address
         self.waiting = False
+        self.credit_left = 0
 
 
 def settlement_of(delivery: Delivery, outcome: Outcome) -> Settlement:
@@ -198,6 +218,7 @@ class BrokerConnection(ConnectionHandler):
         self.broker = endpoint.broker
         self.window = endpoint.settings.credit_window
         self.container_id = ""
+        self._drain: bool | None = None  # a drain's connection; read at the first sender link
 
     def on_connection_open(self, conn: Connection) -> None:
         self.container_id = conn.container_id or ""
@@ -220,13 +241,41 @@ class BrokerConnection(ConnectionHandler):
         if link.target.dynamic or not address:
             link.refuse(Condition(NOT_IMPLEMENTED, "the broker needs a target address"))
             return
-        if address not in self.broker.queues and address not in self.broker.topics:
+        drain = self._is_drain(link.connection)
+        if SEPARATOR in address and not drain:
+            link.refuse(
+                Condition(
+                    UNAUTHORIZED,
+                    f"{address!r} is a subscription queue: only a drain from another broker "
+                    "(with a PrepareDrain token) may send to it",
+                )
+            )
+            return
+        if self.broker.find_queue(address) is None and address not in self.broker.topics:
             link.refuse(Condition(NOT_FOUND, f"no queue or topic {address!r} on this broker"))
             return
         producer = Producer(link, address)
         link.context = producer
         link.accept()
         self._top_up(producer)
+
+    def _is_drain(self, conn: Connection) -> bool:
+        if self._drain is None:
+            token = conn.remote_properties.get(DRAIN_TOKEN_PROPERTY)
+            self._drain = self.broker.drain_tokens.redeem(token)
+            if self._drain:
+                # Only a drain's messages carry a delivery-count to keep: its connection alone
+                # takes the path that reads it.
+                self.on_message = self._on_drained_message  # type: ignore[method-assign,assignment]
+                log.info("drain connection", peer=conn.peer, container=self.container_id)
+        return self._drain
+
+    def _on_drained_message(self, link: Link, delivery: Delivery) -> None:
+        try:
+            count = codec.read_header(delivery.payload).delivery_count
+        except (codec.CodecError, IndexError, ValueError):
+            count = 0  # on_message refuses what cannot be decoded
+        BrokerConnection.on_message(self, link, delivery, delivery_count=count)
 
     def _attach_consumer(self, link: Link) -> None:
         address = link.address
@@ -290,7 +339,7 @@ class BrokerConnection(ConnectionHandler):
 
     # ------------------------------------------------------------------ producers
 
-    def on_message(self, link: Link, delivery: Delivery) -> None:
+    def on_message(self, link: Link, delivery: Delivery, delivery_count: int = 0) -> None:
         producer: Producer = link.context
         payload = delivery.payload
         try:
@@ -310,6 +359,7 @@ class BrokerConnection(ConnectionHandler):
                 ttl_ms=ttl,
                 absolute_expiry_ms=expiry,
                 on_owned=settle,
+                delivery_count=delivery_count,
             )
         except NotFound as exc:
             delivery.settle(Outcome.REJECTED, error=Condition(NOT_FOUND, str(exc)))
@@ -319,7 +369,8 @@ class BrokerConnection(ConnectionHandler):
             self.endpoint.schedule_commit()
         elif settle is not None:
             settle()
-        if link.credit < self.window // 2:
+        producer.credit_left -= 1
+        if producer.credit_left < self.window // 2:
             self._top_up(producer)
 
     def _traced_settle(
@@ -345,6 +396,7 @@ class BrokerConnection(ConnectionHandler):
             return
         if self.broker.has_room(producer.address):
             link.flow(self.window - link.credit)
+            producer.credit_left = self.window
         elif not producer.waiting:
             # At the memory limit: no more credit; the producer waits, nothing is dropped.
             producer.waiting = True
@@ -359,8 +411,10 @@ class BrokerConnection(ConnectionHandler):
 
     def on_link_credit(self, link: Link) -> None:
         consumer = link.context
-        if isinstance(consumer, LinkConsumer) and link.credit > 0:
-            consumer.queue.dispatch(now_ms())
+        if isinstance(consumer, LinkConsumer):
+            consumer.credit_left = link.credit
+            if consumer.credit_left > 0:
+                consumer.queue.dispatch(now_ms())
 
     def on_outcome(self, link: Link, delivery: Delivery, outcome: Outcome) -> None:
         consumer: LinkConsumer = link.context
@@ -371,6 +425,9 @@ class BrokerConnection(ConnectionHandler):
             if entry.journaled:
                 self.endpoint.schedule_commit()  # the ack record
             return
-        queue.settle(consumer, entry, settlement_of(delivery, outcome))
+        if outcome == Outcome.MODIFIED and delivery.undeliverable_here:
+            queue.refuse_here(consumer, entry, settlement_of(delivery, outcome))
+        else:
+            queue.settle(consumer, entry, settlement_of(delivery, outcome))
         queue.dispatch(now_ms())  # redeliver to whoever has credit
         self.endpoint.schedule_commit()  # dead letters may have moved

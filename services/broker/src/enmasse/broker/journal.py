@@ -13,6 +13,16 @@ acknowledged, per queue, in id order.
 Record on disk: `<u32 body length><u32 crc32(body)><body>`; body starts with a type byte:
 - ENQUEUE: u64 msg id, u64 expires-at ms, u16 queue count, (u16 len, utf-8 name) per queue, payload.
 - ACK: u64 msg id, utf-8 queue name.
+- COUNT: u64 msg id, u32 delivery-count, u32 failed attempts, utf-8 queue name: written when a
+  journaled message comes back to its queue with a new count (released, modified with
+  delivery-failed, its consumer gone), in the same group commit as whatever else happened then.
+  Recovery applies the last COUNT of (message, queue), so the delivery-count a consumer sees and
+  the max-delivery-attempts rule go on counting across a restart. Only redeliveries write it:
+  a message consumed at the first attempt costs nothing more.
+
+Versioning: the type byte is the format's version. Types are only ever added, never changed, so
+a segment written by older code (ENQUEUE and ACK only) recovers unchanged; a type this code does
+not know ends that segment's replay like a corrupt record, with a log line (never a crash).
 
 Segments `NNNNNNNN.jnl` roll over at `segment_bytes`. A segment is reclaimed (deleted) once every
 message enqueued in it and in every older segment is acknowledged; reclaiming oldest-first only
@@ -42,11 +52,14 @@ log = structlog.get_logger(__name__)
 _FRAME = struct.Struct("<II")
 _ENQUEUE_HEAD = struct.Struct("<BQQH")
 _ACK_HEAD = struct.Struct("<BQ")
+_COUNT_HEAD = struct.Struct("<BQII")
 _NAME_LEN = struct.Struct("<H")
 _ENQUEUE = 1
 _ACK = 2
+_COUNT = 3
 _SUFFIX = ".jnl"
 _MAX_RECORD = 1 << 30
+_U32 = 0xFFFFFFFF
 
 
 @dataclass
@@ -55,6 +68,8 @@ class Recovered:
 
     messages: dict[str, list[tuple[int, bytes, int]]] = field(default_factory=dict)
     next_id: int = 1
+    # (queue, msg id) -> (delivery count, failed attempts), for redelivered messages only
+    counts: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
     corrupt_segments: list[str] = field(default_factory=list)
 
     @property
@@ -103,6 +118,7 @@ class Journal:
     def recover(self) -> Recovered:
         """Replays every segment, opens a fresh one for writing, reclaims what is fully acked."""
         found: dict[int, tuple[list[str], bytes, int, int]] = {}
+        counts: dict[tuple[str, int], tuple[int, int]] = {}
         result = Recovered()
         numbers = sorted(
             int(p.stem) for p in self.directory.glob(f"*{_SUFFIX}") if p.stem.isdigit()
@@ -119,6 +135,9 @@ class Journal:
                 if kind == _ENQUEUE:
                     queues, payload, expires_at = rest
                     found[msg_id] = (list(queues), payload, expires_at, number)
+                elif kind == _COUNT:
+                    queue_name, delivery_count, failed = rest
+                    counts[(queue_name, msg_id)] = (delivery_count, failed)
                 else:
                     known = found.get(msg_id)
                     if known is not None and rest in known[0]:
@@ -135,6 +154,9 @@ class Journal:
             self._segment_live[number] += 1
             for queue in queues:
                 result.messages.setdefault(queue, []).append((msg_id, payload, expires_at))
+                count = counts.get((queue, msg_id))
+                if count is not None:
+                    result.counts[(queue, msg_id)] = count
         result.next_id = max_id + 1
         self._open_segment((numbers[-1] + 1) if numbers else 1)
         self._reclaim()
@@ -173,6 +195,13 @@ class Journal:
             del self._live[msg_id]
             if live.segment >= 0:
                 self._segment_live[live.segment] -= 1
+
+    def count(self, *, msg_id: int, queue: str, delivery_count: int, failed: int) -> None:
+        """A live message's new delivery count in one queue (it was redelivered)."""
+        if msg_id not in self._live:
+            return
+        head = _COUNT_HEAD.pack(_COUNT, msg_id, min(delivery_count, _U32), min(failed, _U32))
+        self._append(head + queue.encode())
 
     def _append(self, body: bytes) -> None:
         self._buffer += _FRAME.pack(len(body), zlib.crc32(body))
@@ -319,6 +348,9 @@ def _decode(body: bytes) -> tuple[int, int, Any]:
             queues.append(body[at : at + n].decode())
             at += n
         return _ENQUEUE, msg_id, (queues, body[at:], expires_at)
+    if kind == _COUNT:
+        _, msg_id, delivery_count, failed = _COUNT_HEAD.unpack_from(body, 0)
+        return _COUNT, msg_id, (body[_COUNT_HEAD.size :].decode(), delivery_count, failed)
     if kind != _ACK:
         raise ValueError(f"unknown record type {kind}")
     _, msg_id = _ACK_HEAD.unpack_from(body, 0)

@@ -24,7 +24,8 @@ from enmasse.broker.broker import AddressError, Broker
 from enmasse.broker.config import Settings, load_addresses
 from enmasse.broker.drain import Drain
 from enmasse.broker.handler import Endpoint
-from enmasse.common.amqp.engine import Engine
+from enmasse.broker.queue import Queue
+from enmasse.common.amqp.engine import Engine, settle_gc_for_message_loop
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server
 from enmasse.common.tracing import configure_service_tracing
@@ -133,18 +134,16 @@ def main(argv: list[str] | None = None) -> None:
     endpoint = Endpoint(engine=engine, broker=broker, settings=settings)
     port = endpoint.listen()
 
-    def start_drain(host: str, target_port: int, names: list[str]):  # type: ignore[no-untyped-def]
-        on_engine = post_to(engine.call_soon_threadsafe)
-        return on_engine(
-            lambda: Drain.start(
-                engine=engine,
-                broker=broker,
-                host=host,
-                port=target_port,
-                names=names,
-                after_change=endpoint.schedule_commit,
-            )
-        ).result()
+    def start_drain(host: str, target_port: int, queues: list[Queue], token: str) -> Drain:
+        return Drain.start(
+            engine=engine,
+            broker=broker,
+            host=host,
+            port=target_port,
+            queues=queues,
+            token=token,
+            after_change=endpoint.schedule_commit,
+        )
 
     servicer = BrokerAdmin(
         broker=broker, on_engine=post_to(engine.call_soon_threadsafe), start_drain=start_drain
@@ -161,6 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     signal.signal(signal.SIGTERM, lambda *_: engine.stop())
     signal.signal(signal.SIGINT, lambda *_: engine.stop())
+    settle_gc_for_message_loop()
     engine.run()
     endpoint.stop()
     try:

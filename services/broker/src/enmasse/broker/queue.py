@@ -16,6 +16,14 @@ Why it is built so:
   nothing.
 - The queue never refuses a message: the memory limit is enforced upstream by withholding credit
   (`has_room`), so a producer waits and nothing is dropped.
+- A redelivered entry (its delivery count changed) is reported to `on_counted`, so the broker can
+  journal the new count of a durable one; an entry consumed at the first attempt never is.
+- An entry settled modified with undeliverable-here remembers who refused it (`refused_by`) and
+  waits in a list of its own, `_held_back`; dispatch offers it only to another consumer with
+  credit (a new one, when no other is attached), so the list is looked at once per dispatch
+  call while non-empty, never per message, and ordinary entries never carry the refusal.
+- While a drain owns the queue (`hand_off` set), `dispatch` hands the queue to the drain instead
+  of to consumers: they get nothing new, and what they give back moves with the rest.
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ class MemoryBudget:
 
 
 RemovedHook = Callable[["Queue", Entry, Removal], None]
+CountedHook = Callable[["Queue", Entry], None]
 
 
 class Queue:
@@ -72,17 +81,21 @@ class Queue:
         plan: Plan,
         budget: MemoryBudget | None = None,
         on_removed: RemovedHook | None = None,
+        on_counted: CountedHook | None = None,
     ) -> None:
         self.name = name
         self.plan = plan
         self.budget = budget or MemoryBudget()
         self.on_removed: RemovedHook = on_removed or _ignore
+        self.on_counted = on_counted
+        self.hand_off: Callable[[Queue], None] | None = None  # a drain owns the queue
         self._ready: deque[Entry] = deque()
         self._returned: list[tuple[int, Entry]] = []  # heap by id: redeliveries first
         self._expiring: list[tuple[int, int, Entry]] = []  # heap by deadline
         self._consumers: list[Consumer] = []
         self._browsers: dict[Consumer, int] = {}  # browser -> last id it saw
         self._in_flight: dict[Consumer, set[Entry]] = {}
+        self._held_back: list[tuple[int, Entry]] = []  # heap by id: refused by some consumers
         self._rr = 0
         self.depth = 0  # READY entries
         self.bytes = 0  # READY + IN_FLIGHT payload bytes
@@ -137,13 +150,25 @@ class Queue:
         if consumer not in self._in_flight:
             return
         self._consumers.remove(consumer)
+        for _, held in self._held_back:
+            held.refused_by.discard(consumer)  # it will never ask again: do not keep it alive
         for entry in sorted(self._in_flight.pop(consumer), key=_by_id):
             self._return(entry, count=True)
 
+    @property
+    def in_flight(self) -> int:
+        """Entries sent to consumers and not settled yet."""
+        return sum(len(held) for held in self._in_flight.values())
+
     def dispatch(self, now_ms: int) -> int:
         """Hands ready entries to consumers with credit, round robin; returns how many were sent."""
+        if self.hand_off is not None:
+            self.hand_off(self)  # draining: the ready entries are the drain's, not consumers'
+            return 0
         sent = 0
         consumers = self._consumers
+        if self._held_back and consumers:
+            sent = self._place_held_back(consumers)
         if consumers and self.depth:
             sent = self._dispatch_round_robin(consumers, now_ms)
         if self._browsers:
@@ -178,6 +203,29 @@ class Queue:
         self._rr = i
         return sent
 
+    def _place_held_back(self, consumers: list[Consumer]) -> int:
+        """Offers each refused entry, oldest first, to a consumer that did not refuse it."""
+        waiting: list[tuple[int, Entry]] = []
+        sent = 0
+        credits = {c: c.credit() for c in consumers}
+        for key, entry in sorted(self._held_back, key=_by_key):
+            if entry.state is not State.READY:
+                continue  # expired, drained or deleted meanwhile
+            taker = next(
+                (c for c in consumers if credits[c] > 0 and c not in entry.refused_by), None
+            )
+            if taker is None:
+                waiting.append((key, entry))
+                continue
+            credits[taker] -= 1
+            self.depth -= 1
+            entry.state = State.IN_FLIGHT
+            self._in_flight[taker].add(entry)
+            taker.deliver(entry)
+            sent += 1
+        self._held_back = waiting
+        return sent
+
     def _pop_ready(self, now_ms: int) -> Entry | None:
         while self._returned or self._ready:
             entry = heapq.heappop(self._returned)[1] if self._returned else self._ready.popleft()
@@ -204,8 +252,9 @@ class Queue:
 
     def snapshot(self) -> list[Entry]:
         """The ready entries in delivery order (redeliveries first, then FIFO)."""
-        returned = [e for _, e in sorted(self._returned, key=lambda t: t[0])]
-        return [e for e in (*returned, *self._ready) if e.state is State.READY]
+        returned = [e for _, e in sorted(self._returned, key=_by_key)]
+        held = [e for _, e in sorted(self._held_back, key=_by_key)]
+        return [e for e in (*held, *returned, *self._ready) if e.state is State.READY]
 
     # ------------------------------------------------------------------ outcomes
 
@@ -232,18 +281,39 @@ class Queue:
                 self._remove(entry, Removal.DEAD_LETTERED)
             else:
                 self._return(entry, count=False)
+                self._counted(entry)
         else:
             self._return(entry, count=settlement is Settlement.RELEASED)
+
+    def refuse_here(self, consumer: Consumer, entry: Entry, settlement: Settlement) -> None:
+        """Modified with undeliverable-here: like `settle` (FAILED or MODIFIED), but the entry
+        is never offered to this consumer again."""
+        held = self._in_flight.get(consumer)
+        if held is None or entry not in held:
+            return
+        refused = getattr(entry, "refused_by", None)
+        if refused is None:
+            entry.refused_by = refused = set()
+        refused.add(consumer)
+        self.settle(consumer, entry, settlement)  # `_return` sees refused_by: held back
 
     def _return(self, entry: Entry, *, count: bool) -> None:
         if count:
             entry.delivery_count += 1
+            self._counted(entry)
         entry.state = State.READY
         self.depth += 1
-        heapq.heappush(self._returned, (entry.id, entry))
+        if getattr(entry, "refused_by", None):
+            heapq.heappush(self._held_back, (entry.id, entry))
+        else:
+            heapq.heappush(self._returned, (entry.id, entry))
         if entry.expires_at:
             # Its deadline may have been popped while it was out: the reaper must see it again.
             heapq.heappush(self._expiring, (entry.expires_at, entry.id, entry))
+
+    def _counted(self, entry: Entry) -> None:
+        if entry.journaled and self.on_counted is not None:
+            self.on_counted(self, entry)
 
     def _remove(self, entry: Entry, reason: Removal) -> None:
         entry.state = State.GONE
@@ -281,6 +351,12 @@ class Queue:
                 break
             entry.state = State.IN_FLIGHT
             taken.append(entry)
+        while self._held_back and len(taken) < limit:
+            entry = heapq.heappop(self._held_back)[1]
+            if entry.state is State.READY:
+                self.depth -= 1
+                entry.state = State.IN_FLIGHT
+                taken.append(entry)
         return taken
 
     def finish_hand_off(self, entry: Entry) -> None:
@@ -309,6 +385,7 @@ class Queue:
             held.clear()
         self._ready.clear()
         self._returned.clear()
+        self._held_back.clear()
         self._expiring.clear()
         self.depth = 0
         return gone
@@ -316,6 +393,10 @@ class Queue:
 
 def _by_id(entry: Entry) -> int:
     return entry.id
+
+
+def _by_key(item: tuple[int, Entry]) -> int:
+    return item[0]
 
 
 def _ignore(_queue: Queue, _entry: Entry, _reason: Removal) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from enmasse.broker.entry import Entry
 from enmasse.broker.plan import Plan
-from enmasse.broker.queue import MemoryBudget, Queue, RemovedHook
+from enmasse.broker.queue import CountedHook, MemoryBudget, Queue, RemovedHook
 
 SEPARATOR = "::"
 
@@ -46,11 +46,13 @@ class Topic:
         plan: Plan,
         budget: MemoryBudget | None = None,
         on_removed: RemovedHook | None = None,
+        on_counted: CountedHook | None = None,
     ) -> None:
         self.name = name
         self.plan = plan
         self._budget = budget or MemoryBudget()
         self._on_removed = on_removed
+        self._on_counted = on_counted
         self.subscriptions: dict[str, Subscription] = {}
         self.published = 0
 
@@ -67,6 +69,7 @@ class Topic:
             plan=self.plan,
             budget=self._budget,
             on_removed=self._on_removed,
+            on_counted=self._on_counted,
         )
         created = Subscription(identity=identity, durable=durable, queue=queue)
         self.subscriptions[identity] = created

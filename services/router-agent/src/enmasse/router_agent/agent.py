@@ -1,7 +1,8 @@
 """The router-agent's loop: follow the store, push to routers, report phases.
 
-What flows in: Address and AddressSpace changes through the informer (spec and the
-storage-controller's placement), the router and broker directories, and the routers' answers.
+What flows in: Address, AddressSpace and MessagingUser changes through the informer (spec, the
+storage-controller's placement, users' password hashes), the router and broker directories, and
+the routers' answers.
 What flows out: a RouterConfig pushed to every router of every space (same generation, peers =
 the others), Address status phase (Active / Configuring with why) and AddressSpace status
 (phase, amqp endpoints of its routers) written through the config service, and, given a GitOps
@@ -43,6 +44,7 @@ from enmasse.router_agent.routing import (
     address_routes,
     placements_of,
     readiness,
+    router_users,
     space_readiness,
     status_to_write,
 )
@@ -85,7 +87,7 @@ class RouterAgent:
         self.probe_every = probe_every
         self.informer = Informer(
             target=config_target,
-            kinds=["Address", "AddressSpace"],
+            kinds=["Address", "AddressSpace", "MessagingUser"],
             on_added=self._changed,
             on_modified=self._changed,
             on_deleted=self._changed,
@@ -195,7 +197,10 @@ class RouterAgent:
         )
         sessions = await self._sessions(name, routers)
         ahead = max((s.ahead for s in sessions.values()), default=0)
-        routing.update(routes=routes, held_back=held_back, routers=routers, floor=ahead)
+        users = router_users(object_of(r) for r in self.informer.list("MessagingUser", space=name))
+        routing.update(
+            routes=routes, held_back=held_back, routers=routers, floor=ahead, users=users
+        )
         await self._converge(routing, sessions, probe=probe)
         applied = {router_id: s.applied for router_id, s in sessions.items()}
         phases = readiness(

@@ -20,6 +20,9 @@ Rules:
   close its clients' links, and the router re-attaches to the broker by itself;
 - a subscription reads a topic: the router wants the topic's AMQP address, the spec names the
   topic's resource, so it is translated here;
+- the space's MessagingUsers go to every router as (username, stored scrypt hash), so a router
+  started with `--client-auth optional|required` checks SASL PLAIN logins itself; a user added,
+  removed or given a new password is a new generation like a changed route;
 - an address is Active only when every router of its space runs a generation that includes its
   current route. `SpaceRouting` remembers, per address, the generation in which its route last
   changed, so a router that applied an older generation holds an address back, and one that
@@ -204,12 +207,24 @@ def config_for(
     routes: Mapping[str, router_pb2.AddressRoute],
     routers: Sequence[RouterEndpoint],
     generation: int,
+    users: Sequence[router_pb2.RouterUser] = (),
 ) -> router_pb2.RouterConfig:
     return router_pb2.RouterConfig(
         generation=generation,
         space=space,
         addresses=[routes[name] for name in sorted(routes)],
         peers=mesh_peers(router_id=router_id, routers=routers),
+        users=users,
+    )
+
+
+def router_users(users: Iterable[resources_pb2.MessagingUser]) -> tuple[router_pb2.RouterUser, ...]:
+    """The space's users as routers check them, by username; a user without a stored hash
+    (none yet) cannot log in and is left out."""
+    return tuple(
+        router_pb2.RouterUser(username=u.spec.username, password_hash=u.spec.password_hash)
+        for u in sorted(users, key=lambda u: u.spec.username)
+        if u.spec.username and u.spec.password_hash
     )
 
 
@@ -286,6 +301,7 @@ class SpaceRouting:
     held_back: dict[str, str] = field(default_factory=dict)
     routers: tuple[RouterEndpoint, ...] = ()
     since: dict[str, int] = field(default_factory=dict)
+    users: tuple[router_pb2.RouterUser, ...] = ()
 
     def update(
         self,
@@ -295,6 +311,7 @@ class SpaceRouting:
         routers: Sequence[RouterEndpoint],
         floor: int = 0,
         now_ms: int | None = None,
+        users: Sequence[router_pb2.RouterUser] = (),
     ) -> bool:
         """True when the generation moved (every router must get the new configuration)."""
         self.held_back = dict(held_back)
@@ -314,8 +331,10 @@ class SpaceRouting:
         changed = [name for name, route in routes.items() if self.routes.get(name) != route]
         removed = [name for name in self.routes if name not in routes]
         self.routers = ordered
+        users_changed = tuple(users) != self.users
+        self.users = tuple(users)
         # A router running a generation above ours (pushed by an earlier agent) forces a bump.
-        moved = changed or removed or peers_changed
+        moved = changed or removed or peers_changed or users_changed
         if not (moved or floor > self.generation or not self.generation):
             return False
         self.generation = next_generation(max(self.generation, floor), now_ms=now_ms)
@@ -333,6 +352,7 @@ class SpaceRouting:
             routes=self.routes,
             routers=self.routers,
             generation=self.generation,
+            users=self.users,
         )
 
 

@@ -19,10 +19,21 @@ The contract with the local runtime (StatefulSet metadata, as for brokers):
   when the router is first rendered and kept from then on (clients and peers keep them across
   restarts). The router writes them back to `<var>/routers/<space>/<id>/ports.json`, which is
   where the agent's directory finds it.
+
+Who gets in: every router runs `--client-auth=optional` (SASL PLAIN logins are checked against
+the space's MessagingUsers, which the agent pushes; ANONYMOUS still allowed) and
+`--mesh-secret-file`, the secret all routers of the space log in to each other with. The secret
+is never rendered into the GitOps output (it is git): in a cluster it is the Kubernetes Secret
+`<space>-router-mesh` (key `secret`), created beside the output, mounted read-only; locally it is
+`<var>/routers/<space>/mesh-secret`, written once (mode 0600) by `ensure_local_mesh_secret`
+before the runtime starts the space's routers.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import secrets
 import socket
 import sys
 from collections.abc import Callable, Mapping
@@ -46,6 +57,10 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 ANNOTATION_AMQP_PORT = "enmasse.io/local-amqp-port"
 ANNOTATION_INTER_ROUTER_PORT = "enmasse.io/local-inter-router-port"
 ANNOTATION_ADMIN_PORT = "enmasse.io/local-admin-port"
+CLIENT_AUTH = "optional"
+MESH_SECRET_DIR = "/etc/enmasse/mesh"
+MESH_SECRET_KEY = "secret"
+LOCAL_MESH_SECRET = "mesh-secret"
 
 
 @dataclass(frozen=True)
@@ -108,7 +123,10 @@ def render_router(workload: RouterWorkload, *, image: str = IMAGE) -> str:
             "serviceName": f"{space}-{router_id}",
             "replicas": 1,
             "selector": {"matchLabels": selector},
-            "template": {"metadata": {"labels": labels}, "spec": _pod_spec(router_id, image)},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": _pod_spec(space=space, router_id=router_id, image=image),
+            },
         },
     }
     header = f"# Router {router_id} of address space {space}: rendered by {MANAGER}; do not edit.\n"
@@ -117,14 +135,26 @@ def render_router(workload: RouterWorkload, *, image: str = IMAGE) -> str:
     )
 
 
-def _pod_spec(router_id: str, image: str) -> dict[str, Any]:
+def mesh_secret_name(space: str) -> str:
+    """The Kubernetes Secret holding the space's inter-router secret (key `secret`)."""
+    return f"{space}-router-mesh"
+
+
+def _pod_spec(*, space: str, router_id: str, image: str) -> dict[str, Any]:
     return {
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": 10001,
             "runAsGroup": 10001,
+            "fsGroup": 10001,  # the mounted mesh secret is group-readable, not world-readable
             "seccompProfile": {"type": "RuntimeDefault"},
         },
+        "volumes": [
+            {
+                "name": "mesh-secret",
+                "secret": {"secretName": mesh_secret_name(space), "defaultMode": 0o440},
+            }
+        ],
         "containers": [
             {
                 "name": "router",
@@ -135,6 +165,11 @@ def _pod_spec(router_id: str, image: str) -> dict[str, Any]:
                     f"--port={AMQP_PORT}",
                     f"--inter-router-port={INTER_ROUTER_PORT}",
                     f"--admin-port={ADMIN_PORT}",
+                    f"--client-auth={CLIENT_AUTH}",
+                    f"--mesh-secret-file={MESH_SECRET_DIR}/{MESH_SECRET_KEY}",
+                ],
+                "volumeMounts": [
+                    {"name": "mesh-secret", "mountPath": MESH_SECRET_DIR, "readOnly": True}
                 ],
                 "ports": [
                     {"name": "amqp", "containerPort": AMQP_PORT},
@@ -187,11 +222,35 @@ def local_router_dir(workload: RouterWorkload, *, var_dir: Path) -> Path:
     return var_dir / "routers" / workload.space / workload.router_id
 
 
+def local_mesh_secret(*, space: str, var_dir: Path) -> Path:
+    """<var>/routers/<space>/mesh-secret: the secret every local router of the space shares."""
+    return var_dir / "routers" / space / LOCAL_MESH_SECRET
+
+
+def ensure_local_mesh_secret(*, space: str, var_dir: Path) -> Path:
+    """Writes the space's mesh secret once (0600, random); an existing one is kept, so routers
+    restarted later still agree with the ones running."""
+    path = local_mesh_secret(space=space, var_dir=var_dir)
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_urlsafe(32) + "\n")
+    # link() fails if the secret appeared meanwhile: a racing writer's secret wins, whole.
+    with contextlib.suppress(FileExistsError):
+        os.link(partial, path)
+    partial.unlink()
+    return path
+
+
 def local_router_command(
     workload: RouterWorkload, *, var_dir: Path, executable: str | None = None
 ) -> list[str]:
-    """How the local runtime starts a rendered router: its pinned ports, and the ports file
-    in `local_router_dir`, which the agent's directory reads."""
+    """How the local runtime starts a rendered router: its pinned ports, the ports file in
+    `local_router_dir`, which the agent's directory reads, and the space's mesh secret (made by
+    `ensure_local_mesh_secret` first)."""
     ports_file = local_router_dir(workload, var_dir=var_dir) / "ports.json"
     program = executable or str(Path(sys.executable).parent / "enmasse-router")
     return [
@@ -202,6 +261,8 @@ def local_router_command(
         f"--inter-router-port={workload.ports.inter_router}",
         f"--admin-port={workload.ports.admin}",
         f"--ports-file={ports_file}",
+        f"--client-auth={CLIENT_AUTH}",
+        f"--mesh-secret-file={local_mesh_secret(space=workload.space, var_dir=var_dir)}",
     ]
 
 

@@ -7,7 +7,9 @@ Pure domain (no network; unit-tested without processes):
 - `mesh`: link-state adverts, cheapest paths, reachable consumers, multicast trees;
 - `balancing`: anycast target choice (least outstanding, round robin on ties);
 - `fanout`: bounded per-consumer copy queues for multicast;
-- `stats`: counters.
+- `stats`: counters;
+- `access`: who gets in: the mesh secret routers log in to each other with, and client logins
+  checked against the configuration's users (scrypt hashes).
 
 On the shared AMQP engine (`enmasse.common.amqp.engine`):
 - `forwarding`: the `Router` core: deliveries in, sends out, outcomes back, credit;
@@ -16,5 +18,5 @@ On the shared AMQP engine (`enmasse.common.amqp.engine`):
 - `points`: the per-address and per-link state the three share;
 - `handlers`: thin engine handlers for client, inter-router and broker connections;
 - `admin`: the RouterAdmin gRPC servicer, posting into the engine thread;
-- `main`: `enmasse-router`, wiring and start-up only.
+- `main`: `enmasse-router`, wiring and start-up only (listeners, TLS, who is checked where).
 """

@@ -1,9 +1,11 @@
 """The router's configuration: what RouterAdmin applies, as plain immutable values.
 
 In flows a `router_pb2.RouterConfig` (pushed by the router-agent, or by a test); out comes a
-`RouterConfig` that the router swaps in whole, or a `ConfigError` whose text names the address and
-the rule it broke. Nothing is half-applied: a configuration either validates as a whole or is
-refused, and the router keeps running the one it had.
+`RouterConfig` that the router swaps in whole, or a `ConfigError` whose text names the address (or
+peer, or user) and the rule it broke. The users (username -> scrypt hash) are what the client
+listener checks logins against (`access.UserLogins`); they never leave the router again:
+`config_to_proto` (GetConfig) gives the names only. Nothing is half-applied: a configuration
+either validates as a whole or is refused, and the router keeps running the one it had.
 
 Why a separate model and not the protobuf message itself: the forwarding code asks questions
 ("is this a waypoint address?", "which brokers are Active for it?") many times per second; answering
@@ -18,6 +20,7 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from enmasse.common.passwords import is_password_hash
 from enmasse.v1 import router_pb2
 
 
@@ -90,6 +93,7 @@ class RouterConfig:
     addresses: dict[str, AddressRoute] = field(default_factory=dict)
     peers: tuple[MeshPeer, ...] = ()
     limits: Limits = Limits()
+    users: dict[str, str] = field(default_factory=dict)  # username -> stored password hash
 
     def route(self, address: str) -> AddressRoute | None:
         return self.addresses.get(address)
@@ -131,6 +135,7 @@ def config_from_proto(message: router_pb2.RouterConfig, *, router_id: str) -> Ro
         addresses=addresses,
         peers=_peers_from_proto(message.peers, router_id=router_id),
         limits=_limits_from_proto(message.limits),
+        users=_users_from_proto(message.users),
     )
 
 
@@ -162,6 +167,8 @@ def config_to_proto(config: RouterConfig) -> router_pb2.RouterConfig:
             max_links_per_connection=config.limits.max_links_per_connection,
             idle_timeout_ms=config.limits.idle_timeout_ms,
         ),
+        # Hashes stay inside the router: an admin reading the config learns who, not how.
+        users=[router_pb2.RouterUser(username=name) for name in config.users],
     )
 
 
@@ -260,3 +267,19 @@ def _limits_from_proto(limits: router_pb2.RouterLimits) -> Limits:
         max_links_per_connection=limits.max_links_per_connection,
         idle_timeout_ms=limits.idle_timeout_ms,
     )
+
+
+def _users_from_proto(users: Iterable[router_pb2.RouterUser]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for user in users:
+        if not user.username:
+            raise ConfigError("a user has an empty username")
+        if user.username in found:
+            raise ConfigError(f"user '{user.username}' is listed twice")
+        if not is_password_hash(user.password_hash):
+            raise ConfigError(
+                f"user '{user.username}' has no usable password hash "
+                "(expected scrypt$<n>$<r>$<p>$<salt>$<hash>)"
+            )
+        found[user.username] = user.password_hash
+    return found

@@ -75,7 +75,7 @@ class MeshHandler(_Deliveries):
         self.router.mesh_links.neighbor_open(conn, peer_id=peer)
 
     def on_connection_close(self, conn: Connection, error: Condition | None) -> None:
-        self.router.mesh_links.neighbor_closed(conn, expected=self.expected)
+        self.router.mesh_links.neighbor_closed(conn, expected=self.expected, error=error)
 
     def on_link_attach(self, link: Link) -> None:
         self.router.mesh_links.attach(link)

@@ -1,7 +1,9 @@
 """The router's side of the mesh: connections to the other routers of its space.
 
 What flows in: the configuration's peers (each pair of routers connects once: the greater
-router id dials the smaller), inter-router connections and their links, adverts from neighbours,
+router id dials the smaller, logging in with its router id and the space's mesh secret when the
+router has one; the listener has already checked the secret, here the peer must open with the id
+it logged in as), inter-router connections and their links, adverts from neighbours,
 and deliveries that neighbours route to or through this router. What flows out: this router's
 advert, flooded to every neighbour whenever its neighbours or the addresses it has consumers for
 change (and every advert learnt, flooded on), the link-state database kept current (which the
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from enmasse.common.amqp import codec
 from enmasse.common.amqp.engine import Condition, Connection, Delivery, Link
+from enmasse.router.access import MeshSecret, is_router_id
 from enmasse.router.config import MeshPeer
 from enmasse.router.fanout import CopyQueue
 from enmasse.router.mesh import RouterAdvert
@@ -62,6 +65,8 @@ class MeshLinks:
         self.router = router
         self.neighbors: dict[str, Neighbor] = {}
         self._dialing: dict[str, int] = {}  # peer router id -> attempts so far
+        # The space's shared secret (set by main before the engine runs); None: an open mesh.
+        self.secret: MeshSecret | None = None
 
     def sync_peers(self) -> None:
         wanted = {p.router_id: p for p in self.router.config.peers}
@@ -88,11 +93,22 @@ class MeshLinks:
             handler=MeshHandler(self.router, expected=current.router_id),
             container_id=self.router.router_id,
             idle_timeout=self.router.idle_timeout,
+            user=self.router.router_id if self.secret is not None else None,
+            password=self.secret.value if self.secret is not None else None,
         )
 
     def neighbor_open(self, conn: Connection, *, peer_id: str | None) -> None:
-        if not peer_id or "/" in peer_id or peer_id == self.router.router_id:
+        if not peer_id or not is_router_id(peer_id) or peer_id == self.router.router_id:
             conn.close(Condition("amqp:unauthorized-access", f"'{peer_id}' is not a router id"))
+            return
+        if self.secret is not None and conn.incoming and conn.user != peer_id:
+            # The secret proves "a router of this space"; which one is the id it logged in as.
+            conn.close(
+                Condition(
+                    "amqp:unauthorized-access",
+                    f"logged in as router '{conn.user}' but opened as '{peer_id}'",
+                )
+            )
             return
         if peer_id in self.neighbors:
             conn.close(
@@ -115,8 +131,15 @@ class MeshLinks:
         self.advertise()
         self.router.mesh_changed()
 
-    def neighbor_closed(self, conn: Connection, *, expected: str | None) -> None:
+    def neighbor_closed(
+        self, conn: Connection, *, expected: str | None, error: Condition | None = None
+    ) -> None:
         self.router.close_record(conn)
+        if error is not None and error.name == "amqp:unauthorized-access":
+            # Wrong or missing mesh secret on one side: say so, it will not heal by redialling.
+            self.router.log.warning(
+                "inter-router login refused", peer=expected or conn.peer, error=error.description
+            )
         gone = next((n for n in self.neighbors.values() if n.connection is conn), None)
         if gone is not None:
             del self.neighbors[gone.router_id]

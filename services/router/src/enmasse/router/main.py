@@ -1,16 +1,24 @@
 """`enmasse-router`: start-up and wiring of one router process, nothing else.
 
-The engine (one epoll loop) runs on the main thread with two listeners, the client port and the
-inter-router port; RouterAdmin (grpc.aio) runs on its own thread and posts into the engine. Chosen
-ports (port 0 picks free ones) are written as JSON to --ports-file once everything listens, which
-is how tests and `enmasse up` find them. An optional --config file (a RouterConfig in protobuf JSON)
-is applied before the first client can connect; otherwise the router-agent pushes one.
-SIGTERM / SIGINT stop the engine; the process exits.
+The engine (one epoll loop) runs on the main thread with its listeners: the client port, the
+client TLS port (amqps, with --tls-cert/--tls-key) and the inter-router port; RouterAdmin
+(grpc.aio) runs on its own thread and posts into the engine. Chosen ports (port 0 picks free ones)
+are written as JSON to --ports-file once everything listens, which is how tests and `enmasse up`
+find them. An optional --config file (a RouterConfig in protobuf JSON) is applied before the first
+client can connect; otherwise the router-agent pushes one. SIGTERM / SIGINT stop the engine.
+
+Who gets in (`access.py`): with --mesh-secret-file the inter-router port takes only routers that
+log in with the space's secret, and this router logs in to its peers with it; without one the
+mesh port is open to anyone who reaches it (a warning says so; tests and benches run so).
+--client-auth says whether the client port checks SASL PLAIN passwords against the configured
+users: `anonymous` (no check, the default), `optional` (checked when given, ANONYMOUS allowed) or
+`required` (PLAIN only), on the amqps port too (the engine then does TLS itself, under its SASL).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -19,10 +27,11 @@ from pathlib import Path
 
 import click
 import structlog
-from enmasse.common.amqp.engine import Engine
+from enmasse.common.amqp.engine import Engine, Tls, settle_gc_for_message_loop
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server
 from enmasse.common.tracing import configure_service_tracing
+from enmasse.router.access import MeshSecret, MeshSecretError, UserLogins, world_readable
 from enmasse.router.admin import SERVICE_NAME, RouterAdminServicer
 from enmasse.router.forwarding import Router
 from enmasse.router.handlers import ClientHandler, MeshHandler
@@ -64,6 +73,26 @@ def _write_ports(path: Path, ports: dict[str, int]) -> None:
     os.replace(partial, path)
 
 
+CLIENT_AUTH = ("anonymous", "optional", "required")
+
+
+def _client_tls(*, cert: str | None, key: str | None) -> Tls | None:
+    if (cert is None) != (key is None):
+        raise click.UsageError("--tls-cert and --tls-key go together")
+    if cert is None:
+        return None
+    return Tls(cert_file=cert, key_file=key)
+
+
+def _mesh_secret(path: Path | None) -> MeshSecret | None:
+    if path is None:
+        return None
+    try:
+        return MeshSecret.read(path)
+    except MeshSecretError as error:
+        raise click.BadParameter(str(error), param_hint="--mesh-secret-file") from None
+
+
 @click.command()
 @click.option("--router-id", required=True, help="This router's id in the mesh (no '/').")
 @click.option("--host", default="127.0.0.1", show_default=True)
@@ -75,6 +104,23 @@ def _write_ports(path: Path, ports: dict[str, int]) -> None:
 @click.option("--idle-timeout", default=16.0, show_default=True, help="Seconds; 0 turns it off.")
 @click.option("--max-message-size", default=0, show_default=True, help="Bytes; 0: no limit.")
 @click.option("--max-frame-size", default=65536, show_default=True)
+@click.option(
+    "--mesh-secret-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="ENMASSE_MESH_SECRET_FILE",
+    help="The space's inter-router secret; without it the inter-router port is open.",
+)
+@click.option(
+    "--client-auth",
+    type=click.Choice(CLIENT_AUTH),
+    default="anonymous",
+    show_default=True,
+    envvar="ENMASSE_CLIENT_AUTH",
+    help="Check SASL PLAIN logins on the client port against the configured users.",
+)
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="amqps cert (PEM).")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="amqps key (PEM).")
+@click.option("--amqps-port", default=5671, show_default=True, help="TLS client port (0: free).")
 def main(
     router_id: str,
     host: str,
@@ -86,30 +132,53 @@ def main(
     idle_timeout: float,
     max_message_size: int,
     max_frame_size: int,
+    mesh_secret_file: Path | None,
+    client_auth: str,
+    tls_cert: str | None,
+    tls_key: str | None,
+    amqps_port: int,
 ) -> None:
     """Runs one router of an address space."""
     if "/" in router_id or not router_id:
         raise click.BadParameter("must be non-empty and contain no '/'", param_hint="--router-id")
+    tls = _client_tls(cert=tls_cert, key=tls_key)
+    secret = _mesh_secret(mesh_secret_file)
     configure_logging(service="router")
     configure_service_tracing(service="router")
     engine = Engine(container_id=router_id)
     router = Router(router_id=router_id, engine=engine, idle_timeout=idle_timeout or None)
+    router.mesh_links.secret = secret
     if config_path:
         pushed = json_format.Parse(Path(config_path).read_text(), router_pb2.RouterConfig())
         router.apply_config(pushed)
-    amqp_port = engine.listen(
+    listen_for_clients = functools.partial(
+        engine.listen,
         host=host,
-        port=port,
         handler_factory=lambda: ClientHandler(router),
         idle_timeout=idle_timeout or None,
         max_message_size=max_message_size,
         max_frame_size=max_frame_size,
+        authenticator=(
+            UserLogins(lambda: router.config.users) if client_auth != "anonymous" else None
+        ),
+        allow_anonymous=client_auth != "required",
     )
-    mesh_port = engine.listen(
+    ports = {"amqp": listen_for_clients(port=port)}
+    if tls is not None:
+        ports["amqps"] = listen_for_clients(port=amqps_port, tls=tls)
+    if mesh_secret_file is None:
+        log.warning(
+            "inter-router port open: any peer that reaches it joins the mesh",
+            hint="pass --mesh-secret-file",
+        )
+    elif world_readable(mesh_secret_file):
+        log.warning("mesh secret file is readable by every user", path=str(mesh_secret_file))
+    ports["inter_router"] = engine.listen(
         host=host,
         port=inter_router_port,
         handler_factory=lambda: MeshHandler(router),
         idle_timeout=idle_timeout or None,
+        authenticator=secret.admits if secret is not None else None,
     )
     bound: list[int] = []
     ready = threading.Event()
@@ -128,13 +197,14 @@ def main(
     ).start()
     if not ready.wait(30):
         raise click.ClickException("RouterAdmin did not start within 30 s")
-    ports = {"amqp": amqp_port, "inter_router": mesh_port, "admin": bound[0]}
+    ports["admin"] = bound[0]
     if ports_file:
         _write_ports(Path(ports_file), ports)
     log.info("router listening", router=router_id, **ports)
     router.start_housekeeping()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: engine.stop())
+    settle_gc_for_message_loop()
     engine.run()
     log.info("router stopped", router=router_id)
 

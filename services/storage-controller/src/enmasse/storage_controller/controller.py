@@ -12,9 +12,13 @@ One pass over one space (`reconcile_space`), in this order, each step safe to re
 3. ensure: for every Active broker that answers, list what it has and ensure what it lacks or
    holds with another plan; delete the queues and topics of deleted addresses;
 4. drain: for every address leaving a broker, once its new broker holds it, `Drain` the old one
-   into it, then check the old one holds none of it any more; only then is the move done (a
-   broker that does not answer is never reported drained). A Draining broker with no moves left
-   is dropped, and its file removed, so the runtime stops it;
+   into it (with the new one's BrokerAdmin, so it gets what it lacks), then check the old one
+   holds none of it any more; only then is the move done (a broker that does not answer is never
+   reported drained). A queue moves its messages; a topic its durable subscriptions with what
+   waits in them and what their consumers hold unsettled, into the same subscriptions on the
+   new broker, so a durable subscriber that comes back finds everything there; a `subscription`
+   address's move is done with its topic's. A Draining broker with no moves left is dropped,
+   and its file removed, so the runtime stops it;
 5. statuses: write what changed (compare-and-swap on the version seen; a lost race re-reads).
    A brokered space has no routers (its clients talk to its one broker), so here its addresses
    turn Active once the broker holds them, and its AddressSpace status turns Active with the
@@ -62,6 +66,7 @@ PROBE_TIMEOUT = 2.0
 DRAIN_TIMEOUT = 120.0
 CONCURRENCY = 16
 ENSURE_BUDGET = 100
+SUBSCRIPTION_SEPARATOR = "::"  # a broker names a topic's subscription queue `<topic>::<id>`
 # A broker that is not up yet is asked again every pass: gRPC's default reconnect back-off
 # (up to two minutes) would hide a broker that just came up.
 CHANNEL_OPTIONS = [
@@ -523,13 +528,21 @@ class StorageController:
         found: SpacePass,
     ) -> Placement:
         by_name = {a.metadata.name: a for a in addresses}
-        for name, leaving in sorted(placement.moves.items()):
+        # subscriptions last: theirs is done once their topic's drain from that broker is
+        for name, leaving in sorted(placement.moves.items(), key=_subscriptions_last(by_name)):
             targets = placement.addresses.get(name, ())
             address = by_name.get(name)
             if address is None or not targets or targets[0] not in found.ready.get(name, set()):
                 continue  # nowhere to hand over to yet
             for source in leaving:
-                if await self._move(space, address, source=source, target=targets[0], found=found):
+                if address.spec.type == "subscription":
+                    # its durable subscription (`<topic>::<name>`) travels with the topic
+                    done = source not in placement.moves.get(address.spec.topic, ())
+                else:
+                    done = await self._move(
+                        space, address, source=source, target=targets[0], found=found
+                    )
+                if done:
                     placement = placement.move_done(name, source)
                     log.info("move done", space=space, address=name, source=source)
         return placement
@@ -543,46 +556,47 @@ class StorageController:
         target: str,
         found: SpacePass,
     ) -> bool:
-        """Hands an address's messages from `source` to `target`; True only when `source`
-        answered that it holds none of them any more."""
+        """Hands a queue's messages, or a topic's durable subscriptions with theirs, from
+        `source` to `target`; True only when `source` answered that it holds none of them any
+        more."""
         spec = address.spec
-        if spec.type != "queue":
-            return (
-                True  # a topic's new broker serves it; subscriptions are the subscription service's
-            )
         if source not in found.up:
             return False  # down: never reported drained
         target_endpoint = self._endpoint(space, target)
         stub = self._broker_stub(space, source)
         if target_endpoint is None or stub is None:
             return False
-        if not await self._drain_queue(stub, spec.address, target_endpoint, space, source):
+        if not await self._drain_address(stub, spec, target_endpoint, space, source):
             return False
         listing = await self._list(space, source)
-        if listing is None:
-            return False
-        left = next((a for a in listing.addresses if a.name == spec.address), None)
-        if left is not None and (left.depth or left.bytes):
+        if listing is None or still_holds(listing, spec):
             return False  # unsettled deliveries still out, or new arrivals: next pass
         staying = self.placements[space].brokers.get(source)
-        if left is not None and staying is not None and staying.state == ACTIVE:
-            # the broker stays for others: the moved queue must not linger there
+        present = any(a.name == spec.address for a in listing.addresses)
+        if present and staying is not None and staying.state == ACTIVE:
+            # the broker stays for others: the moved address must not linger there
+            delete = stub.DeleteQueue if spec.type == "queue" else stub.DeleteTopic
             with contextlib.suppress(grpc.aio.AioRpcError):
-                await stub.DeleteQueue(
+                await delete(
                     broker_pb2.DeleteAddressRequest(name=spec.address), timeout=RPC_TIMEOUT
                 )
         return True
 
-    async def _drain_queue(
+    async def _drain_address(
         self,
         stub: broker_pb2_grpc.BrokerAdminStub,
-        queue: str,
+        spec: resources_pb2.AddressSpec,
         target: BrokerEndpoint,
         space: str,
         source: str,
     ) -> bool:
         request = broker_pb2.DrainRequest(
-            target_host=target.host, target_port=target.amqp_port, addresses=[queue]
+            target_host=target.host,
+            target_port=target.amqp_port,
+            addresses=[spec.address],
+            # the target gets the queue, or the topic and its durable subscriptions (same
+            # plan), if it lacks them; a topic cannot be drained without it
+            target_admin=target.admin,
         )
         try:
             answer = await stub.Drain(request, timeout=DRAIN_TIMEOUT)
@@ -590,10 +604,23 @@ class StorageController:
             if error.code() == grpc.StatusCode.NOT_FOUND:
                 return True  # nothing of it there
             log.warning(
-                "drain failed", space=space, broker=source, queue=queue, error=error.details()
+                "drain failed",
+                space=space,
+                broker=source,
+                address=spec.address,
+                type=spec.type,
+                error=error.details(),
             )
             return False
-        log.info("drained", space=space, broker=source, queue=queue, moved=answer.messages_moved)
+        log.info(
+            "drained",
+            space=space,
+            broker=source,
+            address=spec.address,
+            type=spec.type,
+            moved=answer.messages_moved,
+            queues=list(answer.addresses),
+        )
         return True
 
     # ------------------------------------------------------------ statuses
@@ -739,6 +766,30 @@ async def _bounded(calls: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
             return await call
 
     return list(await asyncio.gather(*(one(c) for c in calls)))
+
+
+def still_holds(listing: broker_pb2.ListAddressesResponse, spec: resources_pb2.AddressSpec) -> bool:
+    """Does a broker still hold messages of the address (ready or unsettled)? A topic's are
+    those of its durable subscriptions: a non-durable one dies with its link and never moves."""
+    prefix = f"{spec.address}{SUBSCRIPTION_SEPARATOR}"
+    for held in listing.addresses:
+        if spec.type == "topic":
+            mine = held.kind == "subscription" and held.durable and held.name.startswith(prefix)
+        else:
+            mine = held.name == spec.address
+        if mine and (held.depth or held.bytes):
+            return True
+    return False
+
+
+def _subscriptions_last(
+    by_name: dict[str, resources_pb2.Address],
+) -> Callable[[tuple[str, tuple[str, ...]]], tuple[bool, str]]:
+    def key(move: tuple[str, tuple[str, ...]]) -> tuple[bool, str]:
+        address = by_name.get(move[0])
+        return (address is not None and address.spec.type == "subscription", move[0])
+
+    return key
 
 
 def _same_plan(have: resources_pb2.AddressPlanSpec, want: resources_pb2.AddressPlanSpec) -> bool:

@@ -5,6 +5,7 @@
 - `client`: blocking senders and receivers on the engine (tests, tools) and bulk runners (benches).
 - `wire`: outcomes, conditions, termini, TLS settings and their proton-c form (attach/open time).
 - `sasl`: SASL PLAIN/ANONYMOUS done by the engine, so a listener checks passwords with our code.
+- `tls`: TLS done by the engine in memory, for listeners that check passwords (amqps + PLAIN).
 
 A process on the engine, in short (everything runs on the engine's thread):
 

@@ -1,0 +1,59 @@
+"""Messaging-user password hashes, shared by whoever stores them and whoever checks them.
+
+In: a clear password (a MessagingUser create, or a client's SASL PLAIN login at a router). Out:
+the stored form `scrypt$<n>$<r>$<p>$<salt b64>$<hash b64>` (self-describing, so the cost can be
+raised later without breaking stored users), or whether a password matches such a string.
+
+Why here: the config service hashes (`enmasse.config.passwords`, the same format) and the router
+checks logins against the hashes the router-agent passes it; a router image must not carry the
+config service to do so. A malformed stored string never matches and never raises.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import secrets
+
+SCHEME = "scrypt"
+_N, _R, _P = 2**14, 8, 1
+
+
+def hash_password(password: str) -> str:
+    salt = secrets.token_bytes(16)
+    digest = hashlib.scrypt(password.encode(), salt=salt, n=_N, r=_R, p=_P, dklen=32)
+    return f"{SCHEME}${_N}${_R}${_P}${_b64(salt)}${_b64(digest)}"
+
+
+def is_password_hash(stored: str) -> bool:
+    """True when `stored` has the shape `verify_password` can check."""
+    return _parse(stored) is not None
+
+
+def verify_password(password: str, stored: str) -> bool:
+    parsed = _parse(stored)
+    if parsed is None:
+        return False
+    n, r, p, salt, expected = parsed
+    try:
+        actual = hashlib.scrypt(password.encode(), salt=salt, n=n, r=r, p=p, dklen=len(expected))
+    except (ValueError, MemoryError):  # parameters OpenSSL refuses: not a match
+        return False
+    return hmac.compare_digest(actual, expected)
+
+
+def _parse(stored: str) -> tuple[int, int, int, bytes, bytes] | None:
+    try:
+        scheme, n, r, p, salt, digest = stored.split("$")
+        parsed = (int(n), int(r), int(p), base64.b64decode(salt), base64.b64decode(digest))
+    except (ValueError, binascii.Error):
+        return None
+    if scheme != SCHEME or min(parsed[:3]) < 1 or not parsed[4]:
+        return None
+    return parsed
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()

@@ -1,0 +1,170 @@
+"""The client port's options with a real router process and real clients: amqps with a
+self-signed certificate beside the plain port, and SASL PLAIN against the configuration's users
+(required: anonymous refused; optional: anonymous allowed, wrong passwords refused), with a
+password change pushed as a new generation, and both at once: users logging in over amqps."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+
+import pytest
+from enmasse.common.amqp import codec
+from enmasse.common.amqp.client import AmqpError, Client
+from enmasse.common.amqp.engine import Condition, Outcome, Tls
+from enmasse.common.passwords import hash_password
+from enmasse.v1 import router_pb2
+
+from tests.fixtures.router import RouterFleet, RouterProcess
+
+ADDRESSES = {"work": "anycast"}
+NO_LOGIN = Condition("amqp:unauthorized-access", "Authentication failed [mech=none]")
+BAD_LOGIN = Condition("amqp:unauthorized-access", "Authentication failed [mech=PLAIN]")
+
+
+@pytest.fixture
+def clients() -> Iterator[list[Client]]:
+    opened: list[Client] = []
+    yield opened
+    for client in opened:
+        client.close()
+
+
+def _connect(port: int, clients: list[Client], **options: object) -> Client:
+    clients.append(Client("127.0.0.1", port, **options))  # type: ignore[arg-type]
+    return clients[-1]
+
+
+def _refusal(port: int, **login: str | None) -> Condition | None:
+    with pytest.raises(AmqpError) as refused:
+        Client("127.0.0.1", port, **login).close()  # type: ignore[arg-type]
+    return refused.value.condition
+
+
+def _relay(producer: Client, consumer: Client, body: bytes) -> None:
+    """`body` goes from producer to consumer through the router; the producer sees it accepted."""
+    receiver = consumer.receiver("work", credit=10)
+    sent = producer.sender("work").send_async(codec.encode_message(body))
+    delivery = receiver.receive(10)
+    receiver.accept(delivery)
+    assert codec.read_body(delivery.payload) == body
+    assert sent.result(10).outcome is Outcome.ACCEPTED
+    receiver.close()
+
+
+def _config(generation: int, users: dict[str, str]) -> router_pb2.RouterConfig:
+    return router_pb2.RouterConfig(
+        generation=generation,
+        space="shop",
+        addresses=[router_pb2.AddressRoute(address=a, type=t) for a, t in ADDRESSES.items()],
+        users=[
+            router_pb2.RouterUser(username=name, password_hash=hash_password(password))
+            for name, password in users.items()
+        ],
+    )
+
+
+def test_amqps_beside_the_plain_port(
+    routers: RouterFleet,
+    tls_certificate: Callable[[str], tuple[str, str]],
+    clients: list[Client],
+) -> None:
+    cert, key = tls_certificate("router")
+    router = routers.start(
+        "r1", extra_args=(f"--tls-cert={cert}", f"--tls-key={key}", "--amqps-port=0")
+    )
+    router.apply(_config(1, {}))
+    amqps = json.loads((routers.workdir / "r1.ports.json").read_text())["amqps"]
+    assert amqps not in (router.amqp_port, router.inter_router_port)
+    verified = Tls(ca_file=cert, verify_hostname=True)
+    secure = _connect(amqps, clients, tls=verified, hostname="localhost")
+    assert secure.call(lambda: secure.connection.encrypted)
+    plain = _connect(router.amqp_port, clients)
+    _relay(plain, secure, b"plain in, tls out")
+    _relay(secure, plain, b"tls in, plain out")
+    with pytest.raises(AmqpError) as plain_on_tls:
+        Client("127.0.0.1", amqps, timeout=5).close()
+    assert plain_on_tls.value.condition == Condition(
+        "amqp:connection:framing-error",
+        "Expected AMQP protocol header: no protocol header found (connection aborted)",
+    )
+    other_cert, _ = tls_certificate("impostor")
+    with pytest.raises(AmqpError):
+        Client("127.0.0.1", amqps, tls=Tls(ca_file=other_cert), timeout=5).close()
+    assert [c.user for c in router.stats().connections] == ["anonymous", "anonymous"]
+
+
+def _password_router(routers: RouterFleet, mode: str) -> RouterProcess:
+    router = routers.start("r1", extra_args=(f"--client-auth={mode}",))
+    router.apply(_config(1, {"alice": "wonderland", "bob": "builder"}))
+    return router
+
+
+def test_required_logins_let_users_in_and_keep_others_out(
+    routers: RouterFleet, clients: list[Client]
+) -> None:
+    router = _password_router(routers, "required")
+    alice = _connect(router.amqp_port, clients, user="alice", password="wonderland")
+    bob = _connect(router.amqp_port, clients, user="bob", password="builder")
+    _relay(alice, bob, b"from alice")
+    assert _refusal(router.amqp_port) == NO_LOGIN
+    assert _refusal(router.amqp_port, user="alice", password="wonder") == BAD_LOGIN
+    assert _refusal(router.amqp_port, user="mallory", password="wonderland") == BAD_LOGIN
+    assert sorted(c.user for c in router.stats().connections) == ["alice", "bob"]
+    _relay(bob, alice, b"still served")
+
+
+def test_a_new_password_takes_over_with_the_next_generation(
+    routers: RouterFleet, clients: list[Client]
+) -> None:
+    router = _password_router(routers, "required")
+    _connect(router.amqp_port, clients, user="alice", password="wonderland")
+    router.apply(_config(2, {"alice": "looking-glass"}))
+    assert _refusal(router.amqp_port, user="alice", password="wonderland") == BAD_LOGIN
+    assert _refusal(router.amqp_port, user="bob", password="builder") == BAD_LOGIN, "bob removed"
+    again = _connect(router.amqp_port, clients, user="alice", password="looking-glass")
+    _relay(again, clients[0], b"new password")
+
+
+def test_optional_logins_admit_anonymous_but_check_passwords(
+    routers: RouterFleet, clients: list[Client]
+) -> None:
+    router = _password_router(routers, "optional")
+    anonymous = _connect(router.amqp_port, clients)
+    alice = _connect(router.amqp_port, clients, user="alice", password="wonderland")
+    _relay(anonymous, alice, b"anonymous to alice")
+    assert _refusal(router.amqp_port, user="alice", password="wonder") == BAD_LOGIN
+    assert sorted(c.user for c in router.stats().connections) == ["alice", "anonymous"]
+
+
+def test_users_log_in_over_amqps(
+    routers: RouterFleet,
+    tls_certificate: Callable[[str], tuple[str, str]],
+    clients: list[Client],
+) -> None:
+    cert, key = tls_certificate("router")
+    router = routers.start(
+        "r1",
+        extra_args=(
+            "--client-auth=required",
+            f"--tls-cert={cert}",
+            f"--tls-key={key}",
+            "--amqps-port=0",
+        ),
+    )
+    router.apply(_config(1, {"alice": "wonderland", "bob": "builder"}))
+    amqps = json.loads((routers.workdir / "r1.ports.json").read_text())["amqps"]
+    verified = {"tls": Tls(ca_file=cert, verify_hostname=True), "hostname": "localhost"}
+    alice = _connect(amqps, clients, user="alice", password="wonderland", **verified)
+    assert alice.call(lambda: alice.connection.encrypted)
+    bob = _connect(router.amqp_port, clients, user="bob", password="builder")
+    _relay(alice, bob, b"tls in, plain out")
+    _relay(bob, alice, b"plain in, tls out")
+    assert _refusal(amqps, user="alice", password="wonder", **verified) == BAD_LOGIN  # type: ignore[arg-type]
+    assert _refusal(amqps, **verified) == NO_LOGIN  # type: ignore[arg-type]
+    assert _refusal(amqps, user="alice", password="wonderland") == Condition(
+        "amqp:connection:framing-error",
+        "Expected SASL protocol header: no protocol header found (connection aborted)",
+    ), "plain AMQP on the amqps port"
+    assert sorted(c.user for c in router.stats().connections) == ["alice", "bob"]
+    _relay(alice, bob, b"still served")
