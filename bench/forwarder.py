@@ -16,8 +16,10 @@ has no credit wait in a per-address backlog, bounded by the producers' windows.
 from __future__ import annotations
 
 import multiprocessing
+import signal
 from collections import deque
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from enmasse.common.amqp.engine import (
@@ -122,6 +124,20 @@ def _serve(ports: Any) -> None:
     ports.put(
         engine.listen(host="127.0.0.1", port=0, handler_factory=lambda: RelayConnection(relay))
     )
+    settle_gc_for_message_loop()
+    engine.run()
+
+
+def serve_with_port_file(path: str) -> None:
+    """The forwarder as a plain process (`python -c`, e.g. under valgrind): writes its port to
+    `path` once listening; SIGTERM ends it."""
+    engine = Engine(container_id="bench-forwarder")
+    relay = Relay()
+    port = engine.listen(host="127.0.0.1", port=0, handler_factory=lambda: RelayConnection(relay))
+    partial = Path(f"{path}.partial")
+    partial.write_text(str(port))
+    partial.rename(path)
+    signal.signal(signal.SIGTERM, lambda *_: engine.stop())
     settle_gc_for_message_loop()
     engine.run()
 
