@@ -127,6 +127,27 @@ def test_browse_sees_messages_without_consuming_them(broker: BrokerProcess) -> N
         assert [body(d.payload) for d in taken] == ["a", "b", "c"]
 
 
+def test_drain_gets_what_is_there_and_gives_the_rest_of_the_credit_back(
+    broker: BrokerProcess,
+) -> None:
+    broker.ensure_queue("jobs")
+    with client(broker) as c:
+        sender = c.sender("jobs")
+        for text in ("a", "b"):
+            sender.send(message(text))
+        receiver = c.receiver("jobs", credit=0)
+        link = receiver.link
+        assert link is not None
+        c.call(lambda: link.drain(10))
+        assert [body(receiver.receive().payload) for _ in range(2)] == ["a", "b"]
+        wait_for(lambda: c.call(lambda: link.credit) == 0, what="the drained credit back")
+        sender.send(message("c"))
+        with pytest.raises(TimeoutError):
+            receiver.receive(timeout=0.5)  # no credit left: nothing comes until asked again
+        receiver.flow(1)
+        assert body(receiver.receive().payload) == "c"
+
+
 def test_every_topic_subscriber_gets_every_message_published_after_it_subscribed(
     broker: BrokerProcess,
 ) -> None:

@@ -415,6 +415,10 @@ class BrokerConnection(ConnectionHandler):
             consumer.credit_left = link.credit
             if consumer.credit_left > 0:
                 consumer.queue.dispatch(now_ms())
+            if link.draining and link.drained():
+                # The consumer asked for what there is now and no more (AMQP drain: a
+                # receive-no-wait): it got it, and the credit left over goes back.
+                consumer.credit_left = 0
 
     def on_outcome(self, link: Link, delivery: Delivery, outcome: Outcome) -> None:
         consumer: LinkConsumer = link.context
