@@ -335,6 +335,8 @@ def test_admin_lists_counters_and_deletes_topics(broker: BrokerProcess) -> None:
         for i in range(3):
             c.sender("q").send(message(f"m{i}"))
         receiver.accept(receiver.receive())
+        # accept() returns once the disposition is queued; the broker counts it when it arrives.
+        wait_for(lambda: broker.addresses()["q"].dequeued == 1, what="the accept counted")
         listed = broker.addresses()["q"]
         assert (listed.enqueued, listed.dequeued, listed.consumers) == (3, 1, 1)
         c.receiver("t", name="keep", source=durable_source("t")).detach()
