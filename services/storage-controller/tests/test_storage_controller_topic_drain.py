@@ -12,11 +12,8 @@ must find every message published for it, in order, and nothing more.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-import grpc
 import pytest
 from enmasse.common.amqp import codec
 from enmasse.common.amqp.client import Client, Receiver
@@ -26,54 +23,12 @@ from enmasse.storage_controller.directory import LocalBrokerDirectory
 from enmasse.storage_controller.workloads import GitOpsOutput
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
-from tests.fixtures.broker import BrokerProcess
 from tests.fixtures.config_service import InProcessConfig
+from tests.fixtures.rendered_brokers import RenderedBrokers, eventually
 
 pytestmark = pytest.mark.slow
-WAIT = 30.0
 TEXTS = [f"headline {i}" for i in range(20)]
 HELD = 5  # deliveries the busy subscriber holds unsettled while its subscription moves
-
-
-class LocalRuntime:
-    """Starts a broker process per rendered broker file, stops those whose file is gone."""
-
-    def __init__(self, *, output: GitOpsOutput, workdir: Path) -> None:
-        self.output = output
-        self.workdir = workdir
-        self.running: dict[str, BrokerProcess] = {}
-
-    async def sync(self) -> None:
-        rendered = {bid: w for ws in self.output.read_all().values() for bid, w in ws.items()}
-        for broker_id in [b for b in self.running if b not in rendered]:
-            await asyncio.to_thread(self.running.pop(broker_id).stop)
-        for broker_id, workload in rendered.items():
-            if broker_id in self.running:
-                continue
-            process = BrokerProcess(workdir=self.workdir / broker_id)
-            process.amqp_port, process.admin_port = workload.ports.amqp, workload.ports.admin
-            self.running[broker_id] = process
-            await asyncio.to_thread(process.start)
-
-    def stop_all(self) -> None:
-        for process in self.running.values():
-            process.stop(timeout=5)
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {WAIT} s: {what}")
-        await asyncio.sleep(0.1)
-
-
-@pytest.fixture
-async def config(
-    config_server: InProcessConfig,
-) -> AsyncIterator[config_pb2_grpc.ConfigServiceStub]:
-    async with grpc.aio.insecure_channel(config_server.target) as channel:
-        yield config_pb2_grpc.ConfigServiceStub(channel)
 
 
 async def declare(config: config_pb2_grpc.ConfigServiceStub) -> None:
@@ -171,11 +126,12 @@ def receive_all(receiver: Receiver, count: int) -> list[str]:
 
 async def test_durable_subscriptions_follow_their_topic_off_a_removed_broker(
     config_server: InProcessConfig,
-    config: config_pb2_grpc.ConfigServiceStub,
+    config_stub: config_pb2_grpc.ConfigServiceStub,
     tmp_path: Path,
 ) -> None:
+    config = config_stub
     output = GitOpsOutput(tmp_path / "gitops")
-    runtime = LocalRuntime(output=output, workdir=tmp_path / "brokers")
+    runtime = RenderedBrokers(output=output, workdir=tmp_path / "brokers")
     controller = StorageController(
         config_target=config_server.target,
         output=output,
