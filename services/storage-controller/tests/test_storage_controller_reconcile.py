@@ -88,11 +88,17 @@ async def test_addresses_become_brokers_queues_and_statuses(
             return sorted(output.read_space("shop")) == sorted(ids)
 
         await eventually(lambda: rendered("shop-broker-0"), "one pooled broker rendered")
-        assert await placed(config, "q1") == (
+        waiting = (
             "Configuring",
             ["placed on broker shop-broker-0", "waiting for broker: shop-broker-0"],
             [("shop-broker-0", "Active")],
         )
+
+        async def q1_waiting() -> bool:
+            # The file is written before the status: wait for the status, not for luck.
+            return await placed(config, "q1") == waiting
+
+        await eventually(q1_waiting, "q1's status says it waits for its broker")
         await runtime.sync()
         pooled = runtime.running["shop-broker-0"]
 
