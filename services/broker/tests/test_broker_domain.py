@@ -7,23 +7,11 @@ from pathlib import Path
 
 import pytest
 from enmasse.broker.broker import Broker, Conflict, InvalidName, NotFound
-from enmasse.broker.entry import Entry
 from enmasse.broker.plan import Plan
 from enmasse.broker.queue import Settlement
 from enmasse.broker.topic import durable_identity
 
-
-class Recorder:
-    def __init__(self, credit: int = 1000) -> None:
-        self._credit = credit
-        self.got: list[Entry] = []
-
-    def credit(self) -> int:
-        return self._credit
-
-    def deliver(self, entry: Entry) -> None:
-        self._credit -= 1
-        self.got.append(entry)
+from tests.fixtures.broker import Recorder
 
 
 def test_every_subscriber_gets_messages_published_after_it_subscribed() -> None:

@@ -25,20 +25,7 @@ from enmasse.common.amqp import codec
 from enmasse.common.amqp.client import Client
 from enmasse.common.amqp.engine import Outcome
 
-from tests.fixtures.broker import BrokerProcess
-
-
-class Recorder:
-    def __init__(self, credit: int = 1000) -> None:
-        self._credit = credit
-        self.got: list[Entry] = []
-
-    def credit(self) -> int:
-        return self._credit
-
-    def deliver(self, entry: Entry) -> None:
-        self._credit -= 1
-        self.got.append(entry)
+from tests.fixtures.broker import BrokerProcess, Recorder
 
 
 def stocked() -> Broker:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from enmasse.common.passwords import hash_password, verify_password
 from enmasse.common.plans import load_default_plans
 from enmasse.common.validation import Catalog, resource_of
 from enmasse.config import writes
-from enmasse.config.passwords import hash_password, verify_password
 from enmasse.v1 import config_pb2, resources_pb2
 
 Action = config_pb2.ApplyResult.Action

@@ -4,9 +4,10 @@ In: a clear password (a MessagingUser create, or a client's SASL PLAIN login at 
 the stored form `scrypt$<n>$<r>$<p>$<salt b64>$<hash b64>` (self-describing, so the cost can be
 raised later without breaking stored users), or whether a password matches such a string.
 
-Why here: the config service hashes (`enmasse.config.passwords`, the same format) and the router
-checks logins against the hashes the router-agent passes it; a router image must not carry the
-config service to do so. A malformed stored string never matches and never raises.
+Why here: the config service hashes (and `Apply` uses `verify_password` to tell an unchanged
+manifest, which carries the password in clear, from a changed one) and the router checks logins
+against the hashes the router-agent passes it; a router image must not carry the config service
+to do so. A malformed stored string never matches and never raises.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from enmasse.common.passwords import hash_password, verify_password
 from enmasse.common.validation import (
     SPACE_SCOPED_KINDS,
     AnyObject,
@@ -32,7 +33,6 @@ from enmasse.common.validation import (
     validate_delete,
     validate_resource,
 )
-from enmasse.config.passwords import hash_password, verify_password
 from enmasse.config.store import Commit
 from enmasse.v1 import config_pb2, resources_pb2
 from google.protobuf import timestamp_pb2
