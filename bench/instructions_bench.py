@@ -4,7 +4,9 @@ What flows in: 20,000 acked 100-byte messages (`--quick`: 5,000), from the harne
 and consumer processes, through one peer at a time (the bare engine forwarder, one router, one
 broker with a non-persistent queue) started under `valgrind --tool=callgrind`. What flows out: a
 table of the peer's user-space instructions per message, and the share spent releasing and
-taking back the GIL around cffi calls into proton (`PyEval_SaveThread` + `PyEval_RestoreThread`).
+taking back the GIL (`PyEval_SaveThread` + `PyEval_RestoreThread`): around every cffi call into
+proton before the engine's per-message calls moved to `enmasse.amqp_hotpath`, around socket
+reads and writes and the remaining cold-path cffi calls since.
 
 Why: msgs/s and CPU µs per message on this shared 2-core machine swing by half from one hour to
 the next (the same RabbitMQ node measured 145 and 218 µs/msg on the same afternoon), which

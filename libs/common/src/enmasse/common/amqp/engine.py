@@ -8,15 +8,16 @@ came back, credit changed, link detached, connection closed) and bytes to the so
 
 Why it is built so: a router or broker written on proton's reactor (Container + MessagingHandler)
 spends most of its time creating Python wrapper objects and dispatching events, and tops out near
-5,000 messages/s per process here. This engine drives proton-c's protocol engine directly through
-its cffi binding (`cproton_ffi.lib`) on raw pointers: the loop pushes socket bytes into the
-Transport, moves each complete delivery out with one `pn_link_recv` into one reused buffer, never
-decodes a body (header and `to` are read lazily by `codec` only when asked), and peeks/pops output
-straight from proton's buffers. It does read proton's event collector, but only as type codes and
-raw pointers (about three C calls per event, no wrapper objects): this binding has no work list
-(`pn_work_head`) or unsettled-delivery iteration, so without the collector the deliveries a peer
-settled out of order could only be found by scanning every unsettled one. Figures (client to
-client, through a bare forwarder) are in bench/RESULTS.md.
+5,000 messages/s per process here. This engine drives proton-c's protocol engine directly on raw
+pointers and never decodes a body (header and `to` are read lazily by `codec` only when asked).
+Its per-message calls into proton go through `enmasse.amqp_hotpath`, a small C extension: the
+cffi binding python-qpid-proton ships costs about 230 ns a call (it hands the GIL back and forth
+and wraps every result), and a forwarded message needed 20-25 of them. Through amqp_hotpath one
+call reads proton's event collector up to the next event a handler wants (a complete transfer
+comes back received, advanced, and settled if it came pre-settled), one call sends, one settles,
+and socket bytes go straight between the socket and proton's buffers. Pointers cross as ints;
+everything that is not per message (attach, termini, conditions, SASL, TLS) still calls the cffi
+binding. Figures (client to client, through a bare forwarder) are in bench/RESULTS.md.
 
 Threading contract: everything here runs on the engine's thread. Build listeners and connections
 before `run()` or from engine callbacks/timers; from any other thread, use
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import ctypes
 import errno
 import functools
 import gc
@@ -41,7 +43,6 @@ import os
 import select
 import socket
 import ssl
-import struct
 import threading
 import time
 import uuid
@@ -51,13 +52,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import cproton
+import cproton_ffi
+import enmasse.amqp_hotpath as amqp_hotpath
 import structlog
 from cproton_ffi import ffi, lib
 from enmasse.common.amqp import codec, sasl
 from enmasse.common.amqp.tls import TlsFailure, TlsSession, server_context
 from enmasse.common.amqp.wire import (
     OUTCOMES,
-    TERMINAL,
     Condition,
     Outcome,
     Terminus,
@@ -96,7 +98,6 @@ _NULL = ffi.NULL
 _RECV_CHUNK = 256 * 1024
 _SEND_CHUNK = 256 * 1024
 _READS_PER_WAKEUP = 8
-_MSG_BUFFER = 1024 * 1024
 _LINGER_SECONDS = 2.0
 
 
@@ -169,7 +170,7 @@ class Delivery:
     _header: codec.Header | None = None
     _properties: codec.Properties | None = None
 
-    def __init__(self, link: Link, ptr: Any, payload: bytes, pre_settled: bool) -> None:
+    def __init__(self, link: Link, ptr: int | None, payload: bytes, pre_settled: bool) -> None:
         self.link = link
         self._ptr = ptr
         self.payload = payload
@@ -243,14 +244,13 @@ class Delivery:
             return
         if outcome != _ACCEPTED:
             if outcome == Outcome.REJECTED and error is not None:
-                set_condition(lib.pn_disposition_condition(lib.pn_delivery_local(ptr)), error)
+                local = lib.pn_delivery_local(ffi.cast("pn_delivery_t *", ptr))
+                set_condition(lib.pn_disposition_condition(local), error)
             elif outcome == Outcome.MODIFIED:
-                local = lib.pn_delivery_local(ptr)
+                local = lib.pn_delivery_local(ffi.cast("pn_delivery_t *", ptr))
                 lib.pn_disposition_set_failed(local, delivery_failed)
                 lib.pn_disposition_set_undeliverable(local, undeliverable_here)
-        if outcome:
-            _pn_delivery_update(ptr, outcome)
-        _pn_delivery_settle(ptr)
+        _settle(ptr, outcome)
         link._dirty.add(link.connection)
 
     def __repr__(self) -> str:
@@ -266,6 +266,7 @@ class Link:
     """
 
     __slots__ = (
+        "_address",
         "_dirty",
         "_engine",
         "_handler",
@@ -276,8 +277,6 @@ class Link:
         "_ptr",
         "_receiving",
         "_sent",
-        "_tag_bytes",
-        "_tag_view",
         "_unsettled",
         "address",
         "connection",
@@ -292,6 +291,7 @@ class Link:
     def __init__(self, connection: Connection, ptr: Any, *, peer_initiated: bool) -> None:
         self.connection = connection
         self._ptr = ptr
+        self._address = _address_of(ptr)  # what amqp_hotpath calls take; 0 once gone
         self.name: str = ffi.string(lib.pn_link_name(ptr)).decode()
         self.is_sender: bool = bool(lib.pn_link_is_sender(ptr))
         self.peer_initiated = peer_initiated
@@ -299,13 +299,11 @@ class Link:
         self._opened = False
         self._peer_snd_mode: int | None = None  # read at the first transfer (see _on_transfer)
         self._receiving = False  # a receiving link that takes transfers (open, not closing)
-        self._unsettled: dict[Any, Delivery] = {}
+        self._unsettled: dict[int, Delivery] = {}
         self._next_tag = 1
         self._engine = connection.engine
         self._dirty = connection.engine._dirty
         self._sent = connection.engine._sent
-        self._tag_view = connection.engine._tag_view
-        self._tag_bytes = connection.engine._tag
         self._handler = connection.handler
         self._max_message_size = connection._max_message_size if not self.is_sender else 0
         if peer_initiated:
@@ -322,7 +320,7 @@ class Link:
 
     @property
     def credit(self) -> int:
-        return lib.pn_link_credit(self._ptr) if self._ptr is not None else 0
+        return _credit(self._address) if self._address else 0
 
     @property
     def queued(self) -> int:
@@ -426,20 +424,15 @@ class Link:
 
         Use only within link.credit: proton buffers sends beyond credit until the peer grants more.
         """
-        ptr = self._ptr
-        if ptr is None:
+        address = self._address
+        if not address:
             raise LinkClosed(f"link {self.name!r} is closed")
         if tag is None:
-            # proton copies the tag at once, so one engine-wide buffer serves every send.
-            _pack_tag(self._tag_view, 0, self._next_tag)
+            dptr = _send(address, self._next_tag, payload, settled)
             self._next_tag += 1
-            dptr = _pn_delivery(ptr, self._tag_bytes)
         else:
-            dptr = _pn_delivery(ptr, (len(tag), ffi.from_buffer(tag)))
-        _pn_link_send(ptr, payload, len(payload))
-        _pn_link_advance(ptr)
+            dptr = _send(address, tag, payload, settled)
         if settled:
-            _pn_delivery_settle(dptr)
             delivery = Delivery(self, None, payload, True)
         else:
             delivery = Delivery(self, dptr, payload, False)
@@ -509,8 +502,10 @@ class Connection:
         self._fd = sock.fileno()
         self._max_message_size = max_message_size
         self._ptr = lib.pn_connection()
+        self._address = _address_of(self._ptr)
         self._transport = lib.pn_transport()
-        self._links: dict[Any, Link] = {}
+        self._transport_address = _address_of(self._transport)
+        self._links: dict[int, Link] = {}
         self._session: Any = None
         self._link_names = itertools.count(1)
         self._remote_opened = False
@@ -656,8 +651,8 @@ class Connection:
 
     def _open_link(self, ptr: Any) -> Link:
         link = Link(self, ptr, peer_initiated=False)
-        self._links[ptr] = link
-        self.engine._links[ptr] = link
+        self._links[link._address] = link
+        self.engine._links[link._address] = link
         lib.pn_link_open(ptr)
         link._opened = True
         link._receiving = not link.is_sender
@@ -713,13 +708,15 @@ class Engine:
         self.container_id = container_id or f"enmasse-{uuid.uuid4().hex[:12]}"
         self._epoll = select.epoll()
         self._collector = lib.pn_collector()
+        self._collector_address = _address_of(self._collector)
         self._listeners: dict[int, _Listener] = {}
         self._conns: dict[int, Connection] = {}  # by socket fd
-        self._conn_by_ptr: dict[Any, Connection] = {}
-        self._links: dict[Any, Link] = {}
+        # By proton pointer, as the int address amqp_hotpath hands back.
+        self._conn_by_ptr: dict[int, Connection] = {}
+        self._links: dict[int, Link] = {}
         # Every delivery we sent and the peer has not settled, by pointer: an outcome's event
         # finds its delivery without asking proton for the delivery's link.
-        self._sent: dict[Any, Delivery] = {}
+        self._sent: dict[int, Delivery] = {}
         self._dirty: set[Connection] = set()
         self._timers: list[tuple[float, int, Timer]] = []
         self._timer_seq = itertools.count()
@@ -730,18 +727,12 @@ class Engine:
         self._running = False
         self._stopping = False
         self._thread: threading.Thread | None = None
+        # Plain connections read and write straight between socket and proton (amqp_hotpath);
+        # these serve the ones whose bytes pass through our own SASL or TLS first.
         self._inbuf = ffi.new("char[]", _RECV_CHUNK)
         self._inview = ffi.buffer(self._inbuf)
         self._outbuf = ffi.new("char[]", _SEND_CHUNK)
         self._outview = ffi.buffer(self._outbuf)
-        self._msgbuf = ffi.new("char[]", _MSG_BUFFER)
-        self._tag_buffer = ffi.new("char[8]")
-        self._tag_view = ffi.buffer(self._tag_buffer)
-        tag = ffi.new("pn_bytes_t*")
-        tag.size = 8
-        tag.start = self._tag_buffer
-        self._tag = tag[0]  # passed by value; reads the buffer's current bytes each time
-        self._tag_struct = tag
 
     # -- public API --
 
@@ -1095,7 +1086,7 @@ class Engine:
         lib.pn_connection_collect(conn._ptr, self._collector)
         lib.pn_transport_bind(conn._transport, conn._ptr)
         self._conns[conn._fd] = conn
-        self._conn_by_ptr[conn._ptr] = conn
+        self._conn_by_ptr[conn._address] = conn
         self._epoll.register(conn._fd, select.EPOLLIN)
         self._schedule_tick(conn)
 
@@ -1140,6 +1131,27 @@ class Engine:
             self._dirty.add(conn)
 
     def _read(self, conn: Connection) -> None:
+        if conn._intake is not None:
+            self._read_through_intake(conn)
+            return
+        # proton takes at most a frame or so per read: read on while the socket has more, so a
+        # large message is not one loop turn per frame (bounded, for fairness between peers).
+        _, status = _read_socket(conn._transport_address, conn._fd, _READS_PER_WAKEUP)
+        if status == _READ_INPUT_CLOSED:
+            self._epoll.modify(conn._fd, select.EPOLLOUT if conn._want_write else 0)
+            self._dirty.add(conn)
+            return
+        if status:
+            if status != _READ_EOF:
+                conn._io_error = Condition(
+                    "proton:io", f"connection to {conn.peer} lost: {os.strerror(status)}"
+                )
+            lib.pn_transport_close_tail(conn._transport)
+        self._process_events()
+        self._dirty.add(conn)
+
+    def _read_through_intake(self, conn: Connection) -> None:
+        """_read for a connection whose bytes go to our own SASL or TLS before proton."""
         t = conn._transport
         if lib.pn_transport_capacity(t) < 0:
             self._epoll.modify(conn._fd, select.EPOLLOUT if conn._want_write else 0)
@@ -1147,8 +1159,6 @@ class Engine:
             return
         sock = conn._sock
         assert sock is not None
-        # proton takes at most a frame or so per push: read on while the socket has more, so a
-        # large message is not one loop turn per frame (bounded, for fairness between peers).
         for _ in range(_READS_PER_WAKEUP):
             capacity = lib.pn_transport_capacity(t)
             if capacity <= 0:
@@ -1363,33 +1373,21 @@ class Engine:
                 return
             if not self._flush_pre_output(conn, sock):
                 return
-        while True:
-            pending = lib.pn_transport_pending(t)
-            if pending <= 0:
-                if pending < 0 and not conn._head_shut:
-                    conn._head_shut = True
-                    with contextlib.suppress(OSError):
-                        sock.shutdown(socket.SHUT_WR)
-                break
-            n = min(pending, _SEND_CHUNK)
-            lib.pn_transport_peek(t, self._outbuf, n)
-            try:
-                sent = sock.send(self._outview[:n])
-            except (BlockingIOError, InterruptedError):
-                want_write = True
-                break
-            except OSError as err:
-                conn._io_error = conn._io_error or Condition(
-                    "proton:io", f"connection to {conn.peer} lost: {err}"
-                )
-                lib.pn_transport_close_head(t)
-                lib.pn_transport_close_tail(t)
-                self._process_events()
-                break
-            lib.pn_transport_pop(t, sent)
-            if sent < n:
-                want_write = True
-                break
+        status = _write_socket(conn._transport_address, conn._fd)
+        if status == _WRITE_BLOCKED:
+            want_write = True
+        elif status == _WRITE_HEAD_CLOSED:
+            if not conn._head_shut:
+                conn._head_shut = True
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_WR)
+        elif status:
+            conn._io_error = conn._io_error or Condition(
+                "proton:io", f"connection to {conn.peer} lost: {os.strerror(status)}"
+            )
+            lib.pn_transport_close_head(t)
+            lib.pn_transport_close_tail(t)
+            self._process_events()
         if lib.pn_transport_closed(t):
             self._process_events()
             self._finalize(conn)
@@ -1404,94 +1402,66 @@ class Engine:
     # -- proton events --
 
     def _process_events(self) -> None:
-        # The hottest loop of the process: every transfer and every disposition passes here, and
-        # each call into proton costs more than the Python around it (cffi drops and takes back
-        # the GIL per call), so it makes few: module-level aliases, inlined dispatch, and an
-        # outcome finds its delivery by pointer in `_sent`, without asking proton for the link.
-        collector = self._collector
+        # The hottest loop of the process: every transfer and every outcome passes here. The C
+        # side (`amqp_hotpath.next_event`) reads proton's collector, skips what no handler wants,
+        # receives complete transfers and pops each event before returning it, so this loop
+        # only dispatches; an outcome finds its delivery by pointer in `_sent`.
+        collector = self._collector_address
         links_get = self._links.get
         sent_get = self._sent.get
-        while True:
-            event = _pn_collector_peek(collector)
-            if not event:
-                return
-            kind = _pn_event_type(event)
+        next_event = _next_event
+        while (record := next_event(collector)) is not None:
+            kind = record[0]
             try:
-                if kind == _PN_DELIVERY:
-                    dptr = _pn_event_delivery(event)
-                    sent = sent_get(dptr)
+                if kind == _TRANSFER:
+                    link = links_get(record[1])
+                    if link is not None and link._receiving:
+                        self._on_transfer(link, record[2], record[3])
+                elif kind == _OUTCOME:
+                    sent = sent_get(record[1])
                     if sent is not None:
-                        self._on_update(sent, dptr)
-                    else:
-                        link = links_get(_pn_delivery_link(dptr))
-                        if link is not None and link._receiving and _pn_delivery_readable(dptr):
-                            if _pn_delivery_partial(dptr):
-                                self._on_partial(link, dptr)
-                            else:
-                                self._on_transfer(link, dptr)
-                elif kind in _ENDPOINT_EVENTS:
-                    self._on_endpoint_event(kind, event)
+                        self._on_update(sent, record[1], record[2])
+                elif kind == _PARTIAL:
+                    link = links_get(record[1])
+                    if link is not None and link._receiving:
+                        self._on_partial(link, record[2])
+                else:
+                    self._on_endpoint_event(kind, record[1], record[2])
             except Exception:
                 log.exception("connection handler failed", event_type=kind)
-                conn = self._conn_by_ptr.get(lib.pn_event_connection(event))
-                if conn is not None:
-                    conn.close(Condition("amqp:internal-error", "internal error"))
-            _pn_collector_pop(collector)
+                self._close_after_failure(kind, record[1])
 
-    def _on_transfer(self, link: Link, dptr: Any) -> None:
-        """A complete delivery: one recv into the reused buffer, one bytes copy, hand it over.
-        No size is asked first: a message that fills the buffer reads on."""
-        lptr = link._ptr
-        got = _pn_link_recv(lptr, self._msgbuf, _MSG_BUFFER)
-        if got == _MSG_BUFFER:
-            payload = self._recv_large(link, dptr, _unpack(self._msgbuf, got))
-        elif got > 0:
-            payload = _unpack(self._msgbuf, got)
-        elif got == _PN_EOS and not _pn_delivery_aborted(dptr):
-            payload = b""
+    def _close_after_failure(self, kind: int, pointer: int) -> None:
+        """A handler raised: close the connection the event was about (internal-error)."""
+        if kind in (_TRANSFER, _PARTIAL):
+            link = self._links.get(pointer)
+            conn = link.connection if link is not None else None
+        elif kind == _OUTCOME:
+            sent = self._sent.get(pointer)
+            conn = sent.link.connection if sent is not None else None
         else:
-            self._drop_aborted(link, dptr)
-            return
+            conn = self._conn_by_ptr.get(pointer)
+        if conn is not None:
+            conn.close(Condition("amqp:internal-error", "internal error"))
+
+    def _on_transfer(self, link: Link, dptr: int, payload: bytes) -> None:
+        """A complete delivery, already received and advanced (dptr 0: it came pre-settled)."""
         limit = link._max_message_size
         if limit and len(payload) > limit:
             self._refuse_size(link, len(payload))
             return
-        _pn_link_advance(lptr)
-        mode = link._peer_snd_mode
-        if mode is None:
-            mode = link._peer_snd_mode = lib.pn_link_remote_snd_settle_mode(lptr)
-        # A peer that declared its mode tells us for every delivery; only `mixed` asks per one.
-        if mode == _PN_SND_SETTLED or (mode == _PN_SND_MIXED and _pn_delivery_settled(dptr)):
-            _pn_delivery_settle(dptr)
-            delivery = Delivery(link, None, payload, True)
-        else:
+        if dptr:
             delivery = Delivery(link, dptr, payload, False)
+        else:
+            delivery = Delivery(link, None, payload, True)
         link._handler.on_message(link, delivery)
 
-    def _on_partial(self, link: Link, dptr: Any) -> None:
+    def _on_partial(self, link: Link, size: int) -> None:
         """Part of a large delivery: proton keeps its bytes until the last frame (one copy out,
         then); we only check the size so far, so an oversized message is refused early."""
-        if _pn_delivery_aborted(dptr):
-            self._drop_aborted(link, dptr)
-            return
         limit = link._max_message_size
-        if limit:
-            size = _pn_delivery_pending(dptr)
-            if size > limit:
-                self._refuse_size(link, size)
-
-    def _recv_large(self, link: Link, dptr: Any, first: bytes) -> bytes:
-        chunks = [first]
-        while True:
-            got = _pn_link_recv(link._ptr, self._msgbuf, _MSG_BUFFER)
-            if got <= 0:
-                break
-            chunks.append(_unpack(self._msgbuf, got))
-        return b"".join(chunks)
-
-    def _drop_aborted(self, link: Link, dptr: Any) -> None:
-        _pn_delivery_settle(dptr)
-        _pn_link_advance(link._ptr)
+        if limit and size > limit:
+            self._refuse_size(link, size)
 
     def _refuse_size(self, link: Link, size: int) -> None:
         limit = link._max_message_size
@@ -1502,51 +1472,51 @@ class Engine:
             )
         )
 
-    def _on_update(self, delivery: Delivery, dptr: Any) -> None:
-        state = _pn_delivery_remote_state(dptr)
+    def _on_update(self, delivery: Delivery, dptr: int, state: int) -> None:
+        """The peer settled (or gave a terminal state to) a delivery we sent."""
         if state == _PN_ACCEPTED:
             outcome = _ACCEPTED
-        elif state in TERMINAL or _pn_delivery_settled(dptr):
-            outcome = OUTCOMES.get(state, Outcome.NONE)
-            remote = lib.pn_delivery_remote(dptr)
-            if state == lib.PN_REJECTED:
-                delivery.error = get_condition(lib.pn_disposition_condition(remote))
-            elif state == lib.PN_MODIFIED:
-                delivery.delivery_failed = bool(lib.pn_disposition_is_failed(remote))
-                delivery.undeliverable_here = bool(lib.pn_disposition_is_undeliverable(remote))
         else:
-            return  # a non-terminal state (received): wait for the outcome
+            outcome = OUTCOMES.get(state, Outcome.NONE)
+            if state == lib.PN_REJECTED or state == lib.PN_MODIFIED:
+                remote = lib.pn_delivery_remote(ffi.cast("pn_delivery_t *", dptr))
+                if state == lib.PN_REJECTED:
+                    delivery.error = get_condition(lib.pn_disposition_condition(remote))
+                else:
+                    delivery.delivery_failed = bool(lib.pn_disposition_is_failed(remote))
+                    delivery.undeliverable_here = bool(lib.pn_disposition_is_undeliverable(remote))
         link = delivery.link
         del self._sent[dptr]
         del link._unsettled[dptr]
         delivery.outcome = outcome
         delivery.settled = True
         delivery._ptr = None
-        _pn_delivery_settle(dptr)
+        _settle(dptr, 0)
         link._dirty.add(link.connection)
         link._handler.on_outcome(link, delivery, outcome)
 
-    def _on_endpoint_event(self, kind: int, event: Any) -> None:
+    def _on_endpoint_event(self, kind: int, conn_address: int, obj_address: int) -> None:
+        """obj_address: the link (LINK_* events) or session (SESSION_*) the event is about."""
         if kind == _PN_LINK_FLOW:
-            link = self._links.get(lib.pn_event_link(event))
+            link = self._links.get(obj_address)
             if link is not None and link.is_sender:
                 link._credit_changed()
             return
-        conn = self._conn_by_ptr.get(lib.pn_event_connection(event))
+        conn = self._conn_by_ptr.get(conn_address)
         if conn is None or conn._finalized:
             return
         if kind == _PN_LINK_REMOTE_OPEN:
-            self._on_link_remote_open(conn, lib.pn_event_link(event))
+            self._on_link_remote_open(conn, obj_address)
         elif kind in (_PN_LINK_REMOTE_CLOSE, _PN_LINK_REMOTE_DETACH):
-            link = self._links.get(lib.pn_event_link(event))
+            link = self._links.get(obj_address)
             if link is not None:
                 self._on_link_remote_end(link, closed=kind == _PN_LINK_REMOTE_CLOSE)
         elif kind == _PN_SESSION_REMOTE_OPEN:
-            session = lib.pn_event_session(event)
+            session = ffi.cast("pn_session_t *", obj_address)
             if lib.pn_session_state(session) & lib.PN_LOCAL_UNINIT:
                 lib.pn_session_open(session)
         elif kind == _PN_SESSION_REMOTE_CLOSE:
-            self._on_session_remote_close(conn, lib.pn_event_session(event))
+            self._on_session_remote_close(conn, ffi.cast("pn_session_t *", obj_address))
         elif kind == _PN_CONNECTION_REMOTE_OPEN:
             self._on_connection_remote_open(conn)
         elif kind == _PN_CONNECTION_REMOTE_CLOSE:
@@ -1577,19 +1547,21 @@ class Engine:
             return  # open-then-close in one go is how a peer refuses: only the close is news
         conn.handler.on_connection_open(conn)
 
-    def _on_link_remote_open(self, conn: Connection, lptr: Any) -> None:
-        link = self._links.get(lptr)
+    def _on_link_remote_open(self, conn: Connection, link_address: int) -> None:
+        link = self._links.get(link_address)
         if link is None:
+            lptr = ffi.cast("pn_link_t *", link_address)
             if not lib.pn_link_state(lptr) & lib.PN_LOCAL_UNINIT:
                 return
             link = Link(conn, lptr, peer_initiated=True)
-            conn._links[lptr] = link
-            self._links[lptr] = link
+            conn._links[link_address] = link
+            self._links[link_address] = link
             if not (lib.pn_connection_state(conn._ptr) & lib.PN_LOCAL_ACTIVE):
                 return
             conn.handler.on_link_attach(link)
             return
         # The peer answered one of ours; a null terminus means it refused (a detach follows).
+        lptr = link._ptr
         remote = (
             lib.pn_link_remote_source(lptr) if link.is_receiver else lib.pn_link_remote_target(lptr)
         )
@@ -1620,13 +1592,14 @@ class Engine:
             link.connection.handler.on_link_detach(link, closed=closed, error=error)
 
     def _forget_link(self, link: Link) -> None:
-        lptr = link._ptr
+        address = link._address
         link._ptr = None
+        link._address = 0
         sent = self._sent
         for dptr in link._unsettled:
             sent.pop(dptr, None)
-        link.connection._links.pop(lptr, None)
-        self._links.pop(lptr, None)
+        link.connection._links.pop(address, None)
+        self._links.pop(address, None)
 
     def _on_session_remote_close(self, conn: Connection, session: Any) -> None:
         for link in list(conn._links.values()):
@@ -1664,7 +1637,7 @@ class Engine:
                 timer.cancel()
         self._dirty.discard(conn)
         self._conns.pop(conn._fd, None)
-        self._conn_by_ptr.pop(conn._ptr, None)
+        self._conn_by_ptr.pop(conn._address, None)
         if conn._sock is not None:
             with contextlib.suppress(OSError, ValueError):
                 self._epoll.unregister(conn._fd)
@@ -1713,28 +1686,37 @@ _ENDPOINT_EVENTS = frozenset(
 )
 
 
-# Hot-path aliases: a module global is found faster than an attribute of the cffi lib.
-_pn_collector_peek = lib.pn_collector_peek
-_pn_collector_pop = lib.pn_collector_pop
-_pn_event_type = lib.pn_event_type
-_pn_event_delivery = lib.pn_event_delivery
-_pn_delivery_link = lib.pn_delivery_link
-_pn_delivery_readable = lib.pn_delivery_readable
-_pn_delivery_partial = lib.pn_delivery_partial
-_pn_delivery_pending = lib.pn_delivery_pending
-_pn_delivery_aborted = lib.pn_delivery_aborted
-_pn_delivery_settled = lib.pn_delivery_settled
-_pn_delivery_settle = lib.pn_delivery_settle
-_pn_delivery_update = lib.pn_delivery_update
-_pn_delivery_remote_state = lib.pn_delivery_remote_state
-_pn_delivery = lib.pn_delivery
-_pn_link_recv = lib.pn_link_recv
-_pn_link_send = lib.pn_link_send
-_pn_link_advance = lib.pn_link_advance
-_unpack = ffi.unpack
-_pack_tag = struct.Struct("<Q").pack_into
-_PN_EOS = lib.PN_EOS
-_PN_SND_SETTLED = lib.PN_SND_SETTLED
-_PN_SND_MIXED = lib.PN_SND_MIXED
+def _address_of(pointer: Any) -> int:
+    """A proton pointer as the int that amqp_hotpath takes and hands back."""
+    return int(ffi.cast("uintptr_t", pointer))
+
+
+def _bind_hotpath() -> None:
+    """Hands amqp_hotpath the addresses of proton's functions, from the library the cffi
+    binding loaded (the same proton-c both sides call), and the endpoint events we handle."""
+    loaded = ctypes.CDLL(cproton_ffi.__file__)
+    addresses = {
+        name: ctypes.cast(getattr(loaded, name), ctypes.c_void_p).value or 0
+        for name in amqp_hotpath.FUNCTIONS
+    }
+    amqp_hotpath.bind(addresses, _ENDPOINT_EVENTS)
+
+
+_bind_hotpath()
+
+# Hot-path aliases: a module global is found faster than a module attribute.
+_next_event = amqp_hotpath.next_event
+_send = amqp_hotpath.send
+_settle = amqp_hotpath.settle
+_credit = amqp_hotpath.credit
+_read_socket = amqp_hotpath.read
+_write_socket = amqp_hotpath.write
+_TRANSFER = amqp_hotpath.TRANSFER
+_PARTIAL = amqp_hotpath.PARTIAL
+_OUTCOME = amqp_hotpath.OUTCOME
+_READ_EOF = amqp_hotpath.READ_EOF
+_READ_INPUT_CLOSED = amqp_hotpath.READ_INPUT_CLOSED
+_WRITE_BLOCKED = amqp_hotpath.WRITE_BLOCKED
+_WRITE_HEAD_CLOSED = amqp_hotpath.WRITE_HEAD_CLOSED
 _PN_ACCEPTED = lib.PN_ACCEPTED
 _ACCEPTED = Outcome.ACCEPTED
