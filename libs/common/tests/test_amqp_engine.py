@@ -10,6 +10,7 @@ import time
 from collections import deque
 
 import pytest
+from cproton_ffi import lib
 from enmasse.common.amqp import codec
 from enmasse.common.amqp.client import AmqpError
 from enmasse.common.amqp.engine import (
@@ -355,6 +356,58 @@ def test_drain_gives_back_unused_credit(amqp_listener, amqp_client):
     assert codec.read_body(receiver.receive().payload) == b"only one"
     assert wait_for(lambda: drained == [9])
     assert wait_for(lambda: client._call(lambda: receiver.link.credit) == 0)
+
+
+@pytest.mark.parametrize(("available", "asked"), [(1, 10), (3, 3)])
+def test_a_receiver_hears_once_its_drain_is_answered(amqp_listener, available, asked):
+    """The peer gives back what it did not use (a flow says so), or uses it all (no flow
+    comes): either way on_link_drained is called, once, and later flow() asks no drain."""
+
+    class Holding(ConnectionHandler):
+        def __init__(self) -> None:
+            self.left = available
+
+        def on_link_attach(self, link: Link) -> None:
+            link.accept()
+
+        def on_link_credit(self, link: Link) -> None:
+            while link.credit and self.left:
+                self.left -= 1
+                link.send(codec.encode_message(b"m"))
+            if link.draining:
+                link.drained()
+
+    heard: list[tuple[str, int]] = []
+
+    class Draining(ConnectionHandler):
+        def on_connection_open(self, conn: Connection) -> None:
+            conn.open_receiver("q")
+
+        def on_link_open(self, link: Link) -> None:
+            link.drain(asked)
+
+        def on_message(self, link: Link, delivery: Delivery) -> None:
+            heard.append(("message", link.credit))
+            delivery.settle()
+
+        def on_link_drained(self, link: Link) -> None:
+            heard.append(("drained", link.credit))
+
+    _server, port = amqp_listener(Holding)
+    engine = Engine()
+    thread = engine.run_in_thread()
+    try:
+        engine.submit(lambda: engine.connect(host="127.0.0.1", port=port, handler=Draining()))
+        assert wait_for(lambda: ("drained", 0) in heard)
+        time.sleep(0.2)
+        assert [kind for kind, _ in heard] == ["message"] * available + ["drained"]
+        link = engine.submit(lambda: engine.connections[0].links[0]).result(5)
+        engine.submit(lambda: link.flow(2)).result(5)
+        assert wait_for(lambda: engine.submit(lambda: link.credit).result(5) == 2)
+        assert not engine.submit(lambda: bool(lib.pn_link_get_drain(link._ptr))).result(5)
+    finally:
+        engine.stop()
+        thread.join(5)
 
 
 def test_terminus_properties_reach_the_peer(amqp_listener, amqp_client):

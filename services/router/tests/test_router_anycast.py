@@ -65,6 +65,35 @@ def test_producer_waits_with_zero_credit_until_a_consumer_attaches(
     assert producer_side._call(lambda: sender.link.credit) > 0  # type: ignore[union-attr]
 
 
+def test_a_draining_consumer_gets_what_waits_then_its_credit_back(
+    router: RouterProcess, client: Callable[[], Client]
+) -> None:
+    consumer_side = client()
+    receiver = consumer_side.receiver("work", credit=0)
+    sender = client().sender("work")
+    waiting = [sender.send_async(_body(n)) for n in (1, 2)]
+    link = receiver.link
+    assert link is not None
+    consumer_side.call(lambda: link.drain(10))
+    got = [receiver.receive(10) for _ in range(2)]
+    assert [_number(d.payload) for d in got] == [1, 2]
+    deadline = time.monotonic() + 10
+    while consumer_side.call(lambda: link.credit) != 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert consumer_side.call(lambda: link.credit) == 0  # the 8 left over came back
+    for delivery in got:
+        receiver.accept(delivery)
+    assert [f.result(10).outcome for f in waiting] == [Outcome.ACCEPTED] * 2
+    third = sender.send_async(_body(3))
+    with pytest.raises(TimeoutError):
+        receiver.receive(0.5)  # no credit left: nothing comes until asked again
+    receiver.flow(1)
+    last = receiver.receive(10)
+    receiver.accept(last)
+    assert _number(last.payload) == 3
+    assert third.result(10).outcome is Outcome.ACCEPTED
+
+
 def test_deliveries_are_balanced_over_three_consumers(
     router: RouterProcess, client: Callable[[], Client]
 ) -> None:

@@ -91,6 +91,39 @@ def test_queue_through_the_router_is_acked_by_the_broker_and_consumed_through_it
     _wait_depth(broker, "orders", 0)
 
 
+def test_a_draining_consumer_gets_what_the_broker_holds_then_its_credit_back(
+    routers: RouterFleet, broker: BrokerProcess, clients: list[Client]
+) -> None:
+    broker.ensure_queue("orders")
+    router = routers.start("r1")
+    router.apply(
+        routers.mesh_config(
+            generation=1,
+            addresses={"orders": "queue"},
+            waypoints={"orders": [_waypoint("b1", broker)]},
+        )
+    )
+    sender = _connect(router.amqp_port, clients).sender("orders")
+    for n in (1, 2):
+        assert sender.send(codec.encode_message(str(n).encode())).outcome is Outcome.ACCEPTED
+    consumer = _connect(router.amqp_port, clients)
+    receiver = consumer.receiver("orders", credit=0)
+    link = receiver.link
+    assert link is not None
+    consumer.call(lambda: link.drain(10))
+    assert _numbers(receiver, 2) == [1, 2]
+    deadline = time.monotonic() + 10
+    while consumer.call(lambda: link.credit) != 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert consumer.call(lambda: link.credit) == 0  # the 8 left over came back
+    _wait_depth(broker, "orders", 0)
+    assert sender.send(codec.encode_message(b"3")).outcome is Outcome.ACCEPTED
+    with pytest.raises(TimeoutError):
+        receiver.receive(0.5)  # no credit left: nothing comes until asked again
+    receiver.flow(1)
+    assert _numbers(receiver, 1) == [3]
+
+
 def test_consumer_outcome_goes_back_to_the_broker(
     routers: RouterFleet, broker: BrokerProcess, clients: list[Client]
 ) -> None:

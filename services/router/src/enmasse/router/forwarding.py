@@ -496,6 +496,7 @@ class Router:
         if state.copies is not None and len(state.copies):
             for payload in state.copies.take(credit=link.credit):
                 self._send_copy(link, payload)
+            self._end_drain(link, state)
             return
         if state.role is Role.CONTROL_OUT:
             self.mesh_links.flush_control(state.router)
@@ -508,6 +509,15 @@ class Router:
             self.drain_pending(point)
         elif point is not None and state.role is Role.BROKER_OUT:
             self.grant_credit(point)
+        self._end_drain(link, state)
+
+    @staticmethod
+    def _end_drain(link: Link, state: LinkState) -> None:
+        """A direct consumer that asked to drain (a receive-no-wait) has had what was waiting
+        here: the rest of its credit goes back at once rather than wait for producers.
+        (Waypoint consumers drain through their brokers: `BrokerLinks.feed_consumer`.)"""
+        if state.role is Role.CONSUMER and link.draining:
+            link.drained()
 
     def outcome(self, link: Link, delivery: Delivery, outcome: Outcome) -> None:
         """A downstream peer settled what we sent: settle the delivery it carried the same way."""

@@ -101,5 +101,8 @@ class BrokerHandler(_Deliveries):
     def on_link_open(self, link: Link) -> None:
         self.router.broker_links.link_opened(link)
 
+    def on_link_drained(self, link: Link) -> None:
+        self.router.broker_links.feed_drained(link)
+
     def on_link_detach(self, link: Link, *, closed: bool, error: Condition | None) -> None:
         self.router.broker_links.link_detached(link, error=error)

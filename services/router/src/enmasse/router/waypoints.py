@@ -208,13 +208,42 @@ class BrokerLinks:
         held = state.held
         while held and consumer.credit > 0:
             self._send_to_consumer(point, consumer, held.popleft())
+        if state.draining:
+            return  # a drain is on its way through the brokers: no new credit meanwhile
         want = consumer.credit - len(held)
+        if consumer.draining:
+            self._drain_feeds(consumer, state, want=want)
+            return
         for feed in state.feeds:
             have = feed.credit
             # In batches: a flow frame to the broker for every message the consumer takes
             # would cost the router and the broker more than the message itself.
             if want > have and (have == 0 or have <= want // 2):
                 feed.flow(want - have)
+
+    def _drain_feeds(self, consumer: Link, state: LinkState, *, want: int) -> None:
+        """The consumer asked to drain (a receive-no-wait): every broker feed is asked the same,
+        and the consumer gets its left-over credit back once all of them answered."""
+        feeds = [feed for feed in state.feeds if feed.is_open]
+        if want <= 0 or not feeds:
+            consumer.drained()
+            return
+        for feed in feeds:
+            feed.drain(max(want - feed.credit, 0) if feed.credit else want)
+        state.draining = set(feeds)
+
+    def feed_drained(self, feed: Link) -> None:
+        """A broker answered a drain: when the last one has, so does the consumer."""
+        consumer = feed.context.consumer if isinstance(feed.context, LinkState) else None
+        if consumer is None or not isinstance(consumer.context, LinkState):
+            return
+        state = consumer.context
+        state.draining.discard(feed)
+        if state.draining:
+            return
+        while state.held and consumer.credit > 0:
+            self._send_to_consumer(state.point, consumer, state.held.popleft())
+        consumer.drained()
 
     def from_broker(self, state: LinkState, delivery: Delivery) -> None:
         consumer = state.consumer
@@ -246,6 +275,8 @@ class BrokerLinks:
             feeds = consumer.context.feeds
             if feed in feeds:
                 feeds.remove(feed)
+            if feed in consumer.context.draining and consumer.is_open:
+                self.feed_drained(feed)  # a broker gone has nothing more to send
 
     def sync(self) -> None:
         wanted = self.router.config.brokers()

@@ -147,6 +147,10 @@ class ConnectionHandler:
     def on_link_credit(self, link: Link) -> None:
         """Credit on a sending link of ours changed: send up to link.credit deliveries."""
 
+    def on_link_drained(self, link: Link) -> None:
+        """A receiving link of ours that we asked to drain (link.drain) is drained: the peer
+        sent what it had and gave back the rest of the credit (link.credit is 0)."""
+
     def on_message(self, link: Link, delivery: Delivery) -> None:
         """A complete delivery arrived on a receiving link of ours: settle it now or later."""
 
@@ -268,6 +272,7 @@ class Link:
     __slots__ = (
         "_address",
         "_dirty",
+        "_drain_asked",
         "_engine",
         "_handler",
         "_max_message_size",
@@ -299,6 +304,7 @@ class Link:
         self._opened = False
         self._peer_snd_mode: int | None = None  # read at the first transfer (see _on_transfer)
         self._receiving = False  # a receiving link that takes transfers (open, not closing)
+        self._drain_asked = False  # receiver: we asked the peer to drain; it has not yet
         self._unsettled: dict[int, Delivery] = {}
         self._next_tag = 1
         self._engine = connection.engine
@@ -356,9 +362,11 @@ class Link:
         return given_back
 
     def drain(self, credit: int) -> None:
-        """Receiver: grants credit, asks the peer to send what it has and give back the rest."""
+        """Receiver: grants credit, asks the peer to send what it has and give back the rest;
+        the handler's on_link_drained follows once it has. Later flow() calls ask no drain."""
         if self._ptr is not None:
             lib.pn_link_drain(self._ptr, credit)
+            self._drain_asked = True
             self._dirty.add(self.connection)
 
     def set_dynamic_address(self, address: str) -> None:
@@ -409,6 +417,9 @@ class Link:
     def flow(self, credit: int) -> None:
         """Gives the peer `credit` more deliveries to send us on this receiving link."""
         if self._ptr is not None and credit > 0:
+            if self._drain_asked:
+                self._drain_asked = False
+                lib.pn_link_set_drain(self._ptr, False)
             lib.pn_link_flow(self._ptr, credit)
             self.connection._touch()
 
@@ -1455,6 +1466,12 @@ class Engine:
         else:
             delivery = Delivery(link, None, payload, True)
         link._handler.on_message(link, delivery)
+        if link._drain_asked and link.credit == 0:
+            # The peer used up the credit we asked it to drain: no flow will say so.
+            link._drain_asked = False
+            if link._ptr is not None:
+                lib.pn_link_set_drain(link._ptr, False)
+            link._handler.on_link_drained(link)
 
     def _on_partial(self, link: Link, size: int) -> None:
         """Part of a large delivery: proton keeps its bytes until the last frame (one copy out,
@@ -1499,8 +1516,14 @@ class Engine:
         """obj_address: the link (LINK_* events) or session (SESSION_*) the event is about."""
         if kind == _PN_LINK_FLOW:
             link = self._links.get(obj_address)
-            if link is not None and link.is_sender:
+            if link is None:
+                return
+            if link.is_sender:
                 link._credit_changed()
+            elif link._drain_asked and link.credit == 0:
+                link._drain_asked = False
+                lib.pn_link_set_drain(link._ptr, False)
+                link._handler.on_link_drained(link)
             return
         conn = self._conn_by_ptr.get(conn_address)
         if conn is None or conn._finalized:
