@@ -68,9 +68,8 @@ def _wait_broker_credit(router: RouterProcess, *, links: int) -> None:
         time.sleep(0.02)
 
 
-def test_queue_through_the_router_is_acked_by_the_broker_and_consumed_through_it(
-    routers: RouterFleet, broker: BrokerProcess, clients: list[Client]
-) -> None:
+def _orders_router(routers: RouterFleet, broker: BrokerProcess) -> RouterProcess:
+    """One router whose queue `orders` lives on `broker`."""
     broker.ensure_queue("orders")
     router = routers.start("r1")
     router.apply(
@@ -80,6 +79,13 @@ def test_queue_through_the_router_is_acked_by_the_broker_and_consumed_through_it
             waypoints={"orders": [_waypoint("b1", broker)]},
         )
     )
+    return router
+
+
+def test_queue_through_the_router_is_acked_by_the_broker_and_consumed_through_it(
+    routers: RouterFleet, broker: BrokerProcess, clients: list[Client]
+) -> None:
+    router = _orders_router(routers, broker)
     sender = _connect(router.amqp_port, clients).sender("orders")
     for n in range(20):
         assert sender.send(codec.encode_message(str(n).encode(), durable=True)).outcome is (
@@ -94,15 +100,7 @@ def test_queue_through_the_router_is_acked_by_the_broker_and_consumed_through_it
 def test_a_draining_consumer_gets_what_the_broker_holds_then_its_credit_back(
     routers: RouterFleet, broker: BrokerProcess, clients: list[Client]
 ) -> None:
-    broker.ensure_queue("orders")
-    router = routers.start("r1")
-    router.apply(
-        routers.mesh_config(
-            generation=1,
-            addresses={"orders": "queue"},
-            waypoints={"orders": [_waypoint("b1", broker)]},
-        )
-    )
+    router = _orders_router(routers, broker)
     sender = _connect(router.amqp_port, clients).sender("orders")
     for n in (1, 2):
         assert sender.send(codec.encode_message(str(n).encode())).outcome is Outcome.ACCEPTED
@@ -127,15 +125,7 @@ def test_a_draining_consumer_gets_what_the_broker_holds_then_its_credit_back(
 def test_consumer_outcome_goes_back_to_the_broker(
     routers: RouterFleet, broker: BrokerProcess, clients: list[Client]
 ) -> None:
-    broker.ensure_queue("orders")
-    router = routers.start("r1")
-    router.apply(
-        routers.mesh_config(
-            generation=1,
-            addresses={"orders": "queue"},
-            waypoints={"orders": [_waypoint("b1", broker)]},
-        )
-    )
+    router = _orders_router(routers, broker)
     _connect(router.amqp_port, clients).sender("orders").send(codec.encode_message(b"1"))
     consumer = _connect(router.amqp_port, clients)
     receiver = consumer.receiver("orders", credit=1)
@@ -243,15 +233,7 @@ def test_a_subscription_address_reads_its_queue_on_the_broker(
 def test_a_crashed_broker_is_found_again_by_producers_and_consumers(
     routers: RouterFleet, broker: BrokerProcess, clients: list[Client]
 ) -> None:
-    broker.ensure_queue("orders")
-    router = routers.start("r1")
-    router.apply(
-        routers.mesh_config(
-            generation=1,
-            addresses={"orders": "queue"},
-            waypoints={"orders": [_waypoint("b1", broker)]},
-        )
-    )
+    router = _orders_router(routers, broker)
     receiver = _connect(router.amqp_port, clients).receiver("orders", credit=10)
     sender = _connect(router.amqp_port, clients).sender("orders")
     assert sender.send(codec.encode_message(b"0", durable=True)).outcome is Outcome.ACCEPTED
