@@ -161,9 +161,14 @@ async def test_a_rendered_router_started_like_the_runtime_carries_messages(
             got = await config_stub.GetAddress(Ref(space="shop", name="calls"))
             return got.status.status.phase == "Active"
 
+        async def endpoints() -> list[tuple[str, int]]:
+            space = await config_stub.GetAddressSpace(Ref(name="shop"))
+            return [(e.name, e.port) for e in space.status.endpoints]
+
         await _eventually_async(active)
-        space = await config_stub.GetAddressSpace(Ref(name="shop"))
-        assert [(e.name, e.port) for e in space.status.endpoints] == [("amqp", workload.ports.amqp)]
+        # Written before the address's status, but a conflicting write is retried a pass later.
+        await _eventually_async(endpoints)
+        assert await endpoints() == [("amqp", workload.ports.amqp)]
         body = await asyncio.to_thread(_one_message, workload.ports.amqp)
         assert body == "through the rendered router"
 

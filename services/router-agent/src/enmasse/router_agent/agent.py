@@ -231,8 +231,9 @@ class RouterAgent:
         written = 0
         started = time.monotonic()
         try:
-            written += await self._write_address_statuses(stub, addresses, phases)
+            # The space first: when an address reads Active, the endpoints to reach it are out.
             written += await self._write_space_status(stub, space, routing, applied)
+            written += await self._write_address_statuses(stub, addresses, phases)
         except Exception:
             log.exception("status writes failed", space=space.metadata.name)
         if written:
