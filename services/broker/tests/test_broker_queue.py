@@ -8,26 +8,7 @@ from enmasse.broker.entry import Entry, Removal
 from enmasse.broker.plan import Plan
 from enmasse.broker.queue import MemoryBudget, Queue, Settlement
 
-
-class Recorder:
-    def __init__(self, name: str, credit: int = 0) -> None:
-        self.name = name
-        self._credit = credit
-        self.got: list[Entry] = []
-
-    def credit(self) -> int:
-        return self._credit
-
-    def deliver(self, entry: Entry) -> None:
-        self._credit -= 1
-        self.got.append(entry)
-
-    def grant(self, n: int) -> None:
-        self._credit += n
-
-    @property
-    def ids(self) -> list[int]:
-        return [e.id for e in self.got]
+from tests.fixtures.broker import Recorder
 
 
 def filled(n: int, plan: Plan | None = None, **kw: object) -> tuple[Queue, list]:
@@ -40,7 +21,7 @@ def filled(n: int, plan: Plan | None = None, **kw: object) -> tuple[Queue, list]
 
 def test_competing_consumers_are_served_round_robin() -> None:
     q, _ = filled(9)
-    a, b, c = Recorder("a", 10), Recorder("b", 10), Recorder("c", 10)
+    a, b, c = Recorder(10), Recorder(10), Recorder(10)
     for consumer in (a, b, c):
         q.add_consumer(consumer)
     assert q.dispatch(0) == 9
@@ -49,7 +30,7 @@ def test_competing_consumers_are_served_round_robin() -> None:
 
 def test_consumer_without_credit_is_skipped_and_nothing_is_lost() -> None:
     q, _ = filled(5)
-    a, b = Recorder("a", 1), Recorder("b", 0)
+    a, b = Recorder(1), Recorder(0)
     q.add_consumer(a)
     q.add_consumer(b)
     q.dispatch(0)
@@ -61,7 +42,7 @@ def test_consumer_without_credit_is_skipped_and_nothing_is_lost() -> None:
 
 def test_single_consumer_gets_fifo_order() -> None:
     q, _ = filled(100)
-    a = Recorder("a", 1000)
+    a = Recorder(1000)
     q.add_consumer(a)
     q.dispatch(0)
     assert a.ids == list(range(1, 101))
@@ -69,7 +50,7 @@ def test_single_consumer_gets_fifo_order() -> None:
 
 def test_released_goes_to_another_consumer_with_delivery_count_plus_one() -> None:
     q, removed = filled(1)
-    a, b = Recorder("a", 1), Recorder("b", 1)
+    a, b = Recorder(1), Recorder(1)
     q.add_consumer(a)
     q.add_consumer(b)
     q.dispatch(0)
@@ -86,7 +67,7 @@ def test_released_goes_to_another_consumer_with_delivery_count_plus_one() -> Non
 
 def test_redelivered_message_keeps_its_fifo_place() -> None:
     q, _ = filled(3)
-    a = Recorder("a", 2)
+    a = Recorder(2)
     q.add_consumer(a)
     q.dispatch(0)
     q.settle(a, a.got[1], Settlement.RELEASED)
@@ -99,7 +80,7 @@ def test_redelivered_message_keeps_its_fifo_place() -> None:
 
 def test_failed_attempts_dead_letter_after_max_attempts() -> None:
     q, removed = filled(1, Plan(max_delivery_attempts=3))
-    a = Recorder("a", 100)
+    a = Recorder(100)
     q.add_consumer(a)
     for _ in range(3):
         q.dispatch(0)
@@ -112,7 +93,7 @@ def test_failed_attempts_dead_letter_after_max_attempts() -> None:
 
 def test_release_does_not_count_as_failed_attempt() -> None:
     q, removed = filled(1, Plan(max_delivery_attempts=1))
-    a = Recorder("a", 100)
+    a = Recorder(100)
     q.add_consumer(a)
     for _ in range(5):
         q.dispatch(0)
@@ -123,7 +104,7 @@ def test_release_does_not_count_as_failed_attempt() -> None:
 
 def test_rejected_goes_straight_to_dead_letter() -> None:
     q, removed = filled(2)
-    a = Recorder("a", 1)
+    a = Recorder(1)
     q.add_consumer(a)
     q.dispatch(0)
     q.settle(a, a.got[0], Settlement.REJECTED)
@@ -132,7 +113,7 @@ def test_rejected_goes_straight_to_dead_letter() -> None:
 
 def test_consumer_leaving_releases_its_unsettled_in_order() -> None:
     q, _ = filled(4)
-    a, b = Recorder("a", 3), Recorder("b", 0)
+    a, b = Recorder(3), Recorder(0)
     q.add_consumer(a)
     q.add_consumer(b)
     q.dispatch(0)
@@ -145,7 +126,7 @@ def test_consumer_leaving_releases_its_unsettled_in_order() -> None:
 
 def test_browser_sees_everything_without_consuming() -> None:
     q, _ = filled(3)
-    browser = Recorder("browser", 10)
+    browser = Recorder(10)
     q.add_consumer(browser, browse=True)
     q.dispatch(0)
     assert browser.ids == [1, 2, 3]
@@ -153,7 +134,7 @@ def test_browser_sees_everything_without_consuming() -> None:
     q.enqueue(Entry(id=4, payload=b"y"))
     q.dispatch(0)
     assert browser.ids == [1, 2, 3, 4]
-    taker = Recorder("taker", 10)
+    taker = Recorder(10)
     q.add_consumer(taker)
     q.dispatch(0)
     assert taker.ids == [1, 2, 3, 4]
@@ -163,7 +144,7 @@ def test_expired_message_is_never_delivered() -> None:
     q, removed = filled(0)
     q.enqueue(Entry(id=1, payload=b"a", expires_at=1000))
     q.enqueue(Entry(id=2, payload=b"b"))
-    a = Recorder("a", 10)
+    a = Recorder(10)
     q.add_consumer(a)
     q.dispatch(1000)
     assert a.ids == [2]
@@ -179,7 +160,7 @@ def test_reaper_expires_without_any_consumer() -> None:
     assert q.reap(600) == 2
     assert sorted(removed) == [(1, Removal.EXPIRED), (2, Removal.EXPIRED)]
     assert q.depth == 2
-    a = Recorder("a", 10)
+    a = Recorder(10)
     q.add_consumer(a)
     q.dispatch(600)
     assert a.ids == [3, 4]
@@ -193,7 +174,7 @@ def test_memory_limit_withholds_room_until_consumed() -> None:
         q.enqueue(Entry(id=i + 1, payload=b"x" * 10))
     assert not q.has_room()
     assert q.depth == 3  # nothing dropped
-    a = Recorder("a", 2)
+    a = Recorder(2)
     q.add_consumer(a)
     q.dispatch(0)
     assert not q.has_room()  # delivered but unsettled still counts
@@ -210,7 +191,7 @@ def test_broker_wide_budget_is_shared() -> None:
     assert not broker.has_room("b")
     woken: list[str] = []
     broker.when_room(lambda: woken.append("b"))
-    consumer = Recorder("c", 1)
+    consumer = Recorder(1)
     queue = broker.queues["a"]
     queue.add_consumer(consumer)
     queue.dispatch(0)
@@ -222,7 +203,7 @@ def test_broker_wide_budget_is_shared() -> None:
 def test_message_that_expired_while_out_is_reaped_once_it_comes_back() -> None:
     q, removed = filled(0)
     q.enqueue(Entry(id=1, payload=b"a", expires_at=1000))
-    a = Recorder("a", 1)
+    a = Recorder(1)
     q.add_consumer(a)
     q.dispatch(0)
     assert q.reap(2000) == 0  # out with a consumer: not the reaper's

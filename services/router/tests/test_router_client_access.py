@@ -6,7 +6,7 @@ password change pushed as a new generation, and both at once: users logging in o
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from enmasse.common.amqp import codec
@@ -20,19 +20,6 @@ from tests.fixtures.router import RouterFleet, RouterProcess
 ADDRESSES = {"work": "anycast"}
 NO_LOGIN = Condition("amqp:unauthorized-access", "Authentication failed [mech=none]")
 BAD_LOGIN = Condition("amqp:unauthorized-access", "Authentication failed [mech=PLAIN]")
-
-
-@pytest.fixture
-def clients() -> Iterator[list[Client]]:
-    opened: list[Client] = []
-    yield opened
-    for client in opened:
-        client.close()
-
-
-def _connect(port: int, clients: list[Client], **options: object) -> Client:
-    clients.append(Client("127.0.0.1", port, **options))  # type: ignore[arg-type]
-    return clients[-1]
 
 
 def _refusal(port: int, **login: str | None) -> Condition | None:
@@ -64,22 +51,35 @@ def _config(generation: int, users: dict[str, str]) -> router_pb2.RouterConfig:
     )
 
 
+def _tls_router(
+    routers: RouterFleet,
+    tls_certificate: Callable[[str], tuple[str, str]],
+    *,
+    users: dict[str, str],
+    client_auth: str | None = None,
+) -> tuple[RouterProcess, int, str]:
+    """A router with an amqps port beside its plain one: (router, amqps port, its certificate)."""
+    cert, key = tls_certificate("router")
+    options = (f"--tls-cert={cert}", f"--tls-key={key}", "--amqps-port=0")
+    if client_auth is not None:
+        options = (f"--client-auth={client_auth}", *options)
+    router = routers.start("r1", extra_args=options)
+    router.apply(_config(1, users))
+    amqps: int = json.loads((routers.workdir / "r1.ports.json").read_text())["amqps"]
+    return router, amqps, cert
+
+
 def test_amqps_beside_the_plain_port(
     routers: RouterFleet,
     tls_certificate: Callable[[str], tuple[str, str]],
-    clients: list[Client],
+    amqp_client: Callable[..., Client],
 ) -> None:
-    cert, key = tls_certificate("router")
-    router = routers.start(
-        "r1", extra_args=(f"--tls-cert={cert}", f"--tls-key={key}", "--amqps-port=0")
-    )
-    router.apply(_config(1, {}))
-    amqps = json.loads((routers.workdir / "r1.ports.json").read_text())["amqps"]
+    router, amqps, cert = _tls_router(routers, tls_certificate, users={})
     assert amqps not in (router.amqp_port, router.inter_router_port)
     verified = Tls(ca_file=cert, verify_hostname=True)
-    secure = _connect(amqps, clients, tls=verified, hostname="localhost")
+    secure = amqp_client(amqps, tls=verified, hostname="localhost")
     assert secure.call(lambda: secure.connection.encrypted)
-    plain = _connect(router.amqp_port, clients)
+    plain = amqp_client(router.amqp_port)
     _relay(plain, secure, b"plain in, tls out")
     _relay(secure, plain, b"tls in, plain out")
     with pytest.raises(AmqpError) as plain_on_tls:
@@ -101,11 +101,11 @@ def _password_router(routers: RouterFleet, mode: str) -> RouterProcess:
 
 
 def test_required_logins_let_users_in_and_keep_others_out(
-    routers: RouterFleet, clients: list[Client]
+    routers: RouterFleet, amqp_client: Callable[..., Client]
 ) -> None:
     router = _password_router(routers, "required")
-    alice = _connect(router.amqp_port, clients, user="alice", password="wonderland")
-    bob = _connect(router.amqp_port, clients, user="bob", password="builder")
+    alice = amqp_client(router.amqp_port, user="alice", password="wonderland")
+    bob = amqp_client(router.amqp_port, user="bob", password="builder")
     _relay(alice, bob, b"from alice")
     assert _refusal(router.amqp_port) == NO_LOGIN
     assert _refusal(router.amqp_port, user="alice", password="wonder") == BAD_LOGIN
@@ -115,23 +115,23 @@ def test_required_logins_let_users_in_and_keep_others_out(
 
 
 def test_a_new_password_takes_over_with_the_next_generation(
-    routers: RouterFleet, clients: list[Client]
+    routers: RouterFleet, amqp_client: Callable[..., Client]
 ) -> None:
     router = _password_router(routers, "required")
-    _connect(router.amqp_port, clients, user="alice", password="wonderland")
+    first = amqp_client(router.amqp_port, user="alice", password="wonderland")
     router.apply(_config(2, {"alice": "looking-glass"}))
     assert _refusal(router.amqp_port, user="alice", password="wonderland") == BAD_LOGIN
     assert _refusal(router.amqp_port, user="bob", password="builder") == BAD_LOGIN, "bob removed"
-    again = _connect(router.amqp_port, clients, user="alice", password="looking-glass")
-    _relay(again, clients[0], b"new password")
+    again = amqp_client(router.amqp_port, user="alice", password="looking-glass")
+    _relay(again, first, b"new password")
 
 
 def test_optional_logins_admit_anonymous_but_check_passwords(
-    routers: RouterFleet, clients: list[Client]
+    routers: RouterFleet, amqp_client: Callable[..., Client]
 ) -> None:
     router = _password_router(routers, "optional")
-    anonymous = _connect(router.amqp_port, clients)
-    alice = _connect(router.amqp_port, clients, user="alice", password="wonderland")
+    anonymous = amqp_client(router.amqp_port)
+    alice = amqp_client(router.amqp_port, user="alice", password="wonderland")
     _relay(anonymous, alice, b"anonymous to alice")
     assert _refusal(router.amqp_port, user="alice", password="wonder") == BAD_LOGIN
     assert sorted(c.user for c in router.stats().connections) == ["alice", "anonymous"]
@@ -140,24 +140,18 @@ def test_optional_logins_admit_anonymous_but_check_passwords(
 def test_users_log_in_over_amqps(
     routers: RouterFleet,
     tls_certificate: Callable[[str], tuple[str, str]],
-    clients: list[Client],
+    amqp_client: Callable[..., Client],
 ) -> None:
-    cert, key = tls_certificate("router")
-    router = routers.start(
-        "r1",
-        extra_args=(
-            "--client-auth=required",
-            f"--tls-cert={cert}",
-            f"--tls-key={key}",
-            "--amqps-port=0",
-        ),
+    router, amqps, cert = _tls_router(
+        routers,
+        tls_certificate,
+        users={"alice": "wonderland", "bob": "builder"},
+        client_auth="required",
     )
-    router.apply(_config(1, {"alice": "wonderland", "bob": "builder"}))
-    amqps = json.loads((routers.workdir / "r1.ports.json").read_text())["amqps"]
     verified = {"tls": Tls(ca_file=cert, verify_hostname=True), "hostname": "localhost"}
-    alice = _connect(amqps, clients, user="alice", password="wonderland", **verified)
+    alice = amqp_client(amqps, user="alice", password="wonderland", **verified)
     assert alice.call(lambda: alice.connection.encrypted)
-    bob = _connect(router.amqp_port, clients, user="bob", password="builder")
+    bob = amqp_client(router.amqp_port, user="bob", password="builder")
     _relay(alice, bob, b"tls in, plain out")
     _relay(bob, alice, b"plain in, tls out")
     assert _refusal(amqps, user="alice", password="wonder", **verified) == BAD_LOGIN  # type: ignore[arg-type]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,14 +31,6 @@ def secret(tmp_path: Path) -> Path:
     return _secret_file(tmp_path, "mesh-secret", "the-space-secret")
 
 
-@pytest.fixture
-def clients() -> Iterator[list[Client]]:
-    opened: list[Client] = []
-    yield opened
-    for client in opened:
-        client.close()
-
-
 def _start(routers: RouterFleet, router_id: str, secret: Path) -> RouterProcess:
     return routers.start(router_id, extra_args=(f"--mesh-secret-file={secret}",))
 
@@ -46,20 +38,18 @@ def _start(routers: RouterFleet, router_id: str, secret: Path) -> RouterProcess:
 def _forwards(
     sender_at: RouterProcess,
     receiver_at: RouterProcess,
-    clients: list[Client],
+    connect: Callable[..., Client],
     *,
     address: str = "work",
 ) -> None:
     """A message sent at one router reaches the only consumer, at the other, and is accepted."""
-    clients.append(Client("127.0.0.1", receiver_at.amqp_port))
-    consumer = clients[-1].receiver(address, credit=10)
+    consumer = connect(receiver_at.amqp_port).receiver(address, credit=10)
     deadline = time.monotonic() + 10
     while _remote_consumers(sender_at, address) < 1:
         assert time.monotonic() < deadline, "the consumer was never advertised"
         time.sleep(0.02)
-    clients.append(Client("127.0.0.1", sender_at.amqp_port))
     body = f"{sender_at.router_id}->{receiver_at.router_id}".encode()
-    sent = clients[-1].sender(address).send_async(codec.encode_message(body))
+    sent = connect(sender_at.amqp_port).sender(address).send_async(codec.encode_message(body))
     delivery = consumer.receive(10)
     consumer.accept(delivery)
     assert codec.read_body(delivery.payload) == body
@@ -71,57 +61,54 @@ def _remote_consumers(router: RouterProcess, address: str) -> int:
     return stats.remote_consumers if stats is not None else 0
 
 
-def _refusal(port: int, clients: list[Client], **login: str | None) -> Condition | None:
+def _refusal(port: int, **login: str | None) -> Condition | None:
     """How the router turned a connection away: in the SASL exchange, or by closing it at open."""
     try:
         client = Client("127.0.0.1", port, **login)  # type: ignore[arg-type]
     except AmqpError as refused:
         return refused.condition
-    clients.append(client)
-    return client.closed_with.result(10)
+    try:
+        return client.closed_with.result(10)
+    finally:
+        client.close()
 
 
 def test_a_stranger_on_the_mesh_port_is_refused(
-    routers: RouterFleet, secret: Path, clients: list[Client]
+    routers: RouterFleet, secret: Path, amqp_client: Callable[..., Client]
 ) -> None:
     r1, r2 = _start(routers, "r1", secret), _start(routers, "r2", secret)
     routers.apply_all(routers.mesh_config(generation=1, addresses=ADDRESSES))
     routers.wait_for_mesh()
     before = [(c.role, c.container_id, c.user) for c in r1.stats().connections]
-    assert _refusal(r1.inter_router_port, clients, container_id="r3") == Condition(
+    assert _refusal(r1.inter_router_port, container_id="r3") == Condition(
         "amqp:unauthorized-access", "Authentication failed [mech=none]"
     )
     for password in ("guess", ""):
-        refused = _refusal(
-            r1.inter_router_port, clients, container_id="r3", user="r3", password=password
-        )
+        refused = _refusal(r1.inter_router_port, container_id="r3", user="r3", password=password)
         assert refused == Condition(
             "amqp:unauthorized-access", "Authentication failed [mech=PLAIN]"
         )
     # The secret with another router's id: the login is right, the identity is not.
     impostor = _refusal(
-        r1.inter_router_port, clients, container_id="r9", user="r2x", password="the-space-secret"
+        r1.inter_router_port, container_id="r9", user="r2x", password="the-space-secret"
     )
     assert impostor == Condition(
         "amqp:unauthorized-access", "logged in as router 'r2x' but opened as 'r9'"
     )
-    for client in clients:
-        client.close()
-    clients.clear()
     assert [(c.role, c.container_id, c.user) for c in r1.stats().connections] == before
     assert before == [("inter-router", "r2", "r2")], "r2 dialled r1 and logged in as itself"
     assert sorted(r1.stats().reachable_routers) == ["r2"]
-    _forwards(r2, r1, clients)
+    _forwards(r2, r1, amqp_client)
 
 
 def test_routers_sharing_the_secret_mesh_and_forward(
-    routers: RouterFleet, secret: Path, clients: list[Client]
+    routers: RouterFleet, secret: Path, amqp_client: Callable[..., Client]
 ) -> None:
     r1, r2, r3 = (_start(routers, r, secret) for r in ("r1", "r2", "r3"))
     routers.apply_all(routers.mesh_config(generation=1, addresses=ADDRESSES))
     routers.wait_for_mesh()
-    _forwards(r3, r1, clients)
-    _forwards(r1, r2, clients, address="jobs")
+    _forwards(r3, r1, amqp_client)
+    _forwards(r1, r2, amqp_client, address="jobs")
 
 
 def _log_lines(router: RouterProcess, event: str) -> list[dict[str, object]]:
@@ -130,7 +117,7 @@ def _log_lines(router: RouterProcess, event: str) -> list[dict[str, object]]:
 
 
 def test_a_router_with_the_wrong_secret_does_not_join(
-    routers: RouterFleet, secret: Path, tmp_path: Path, clients: list[Client]
+    routers: RouterFleet, secret: Path, tmp_path: Path, amqp_client: Callable[..., Client]
 ) -> None:
     wrong = _secret_file(tmp_path, "other-secret", "not-the-space-secret")
     r1, r2 = _start(routers, "r1", secret), _start(routers, "r2", secret)
@@ -151,4 +138,4 @@ def test_a_router_with_the_wrong_secret_does_not_join(
     assert [c.container_id for c in r1.stats().connections] == ["r2"]
     assert sorted(r1.stats().reachable_routers) == ["r2"]
     assert sorted(r2.stats().reachable_routers) == ["r1"]
-    _forwards(r2, r1, clients)
+    _forwards(r2, r1, amqp_client)

@@ -20,7 +20,7 @@ from enmasse.storage_controller.workloads import GitOpsOutput
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
 from tests.fixtures.config_service import InProcessConfig
-from tests.fixtures.rendered_brokers import RenderedBrokers, eventually
+from tests.fixtures.rendered_brokers import RenderedBrokers, eventually, placed, ready_on
 
 pytestmark = pytest.mark.slow
 
@@ -29,26 +29,6 @@ def queue(name: str, plan: str = "standard-small-queue") -> resources_pb2.Addres
     return resources_pb2.Address(
         metadata={"name": name, "space": "shop"},
         spec={"address": name, "type": "queue", "plan": plan},
-    )
-
-
-async def placed(
-    config: config_pb2_grpc.ConfigServiceStub, name: str
-) -> tuple[str, list[str], list[tuple[str, str]]]:
-    found = await config.GetAddress(config_pb2.ObjectRef(space="shop", name=name), timeout=5)
-    status = found.status
-    return (
-        status.status.phase,
-        list(status.status.messages),
-        [(b.broker, b.state) for b in status.brokers],
-    )
-
-
-def ready_on(broker: str) -> tuple[str, list[str], list[tuple[str, str]]]:
-    return (
-        "Configuring",
-        [f"placed on broker {broker}", f"broker ready: {broker}"],
-        [(broker, "Active")],
     )
 
 

@@ -24,7 +24,7 @@ from enmasse.storage_controller.workloads import GitOpsOutput
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
 from tests.fixtures.config_service import InProcessConfig
-from tests.fixtures.rendered_brokers import RenderedBrokers, eventually
+from tests.fixtures.rendered_brokers import RenderedBrokers, eventually, placed, ready_on
 
 pytestmark = pytest.mark.slow
 TEXTS = [f"headline {i}" for i in range(20)]
@@ -79,26 +79,6 @@ async def declare(config: config_pb2_grpc.ConfigServiceStub) -> None:
             },
         ),
         timeout=5,
-    )
-
-
-async def placed(
-    config: config_pb2_grpc.ConfigServiceStub, name: str
-) -> tuple[str, list[str], list[tuple[str, str]]]:
-    found = await config.GetAddress(config_pb2.ObjectRef(space="shop", name=name), timeout=5)
-    status = found.status
-    return (
-        status.status.phase,
-        list(status.status.messages),
-        [(b.broker, b.state) for b in status.brokers],
-    )
-
-
-def ready_on(broker: str) -> tuple[str, list[str], list[tuple[str, str]]]:
-    return (
-        "Configuring",
-        [f"placed on broker {broker}", f"broker ready: {broker}"],
-        [(broker, "Active")],
     )
 
 

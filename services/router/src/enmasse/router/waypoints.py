@@ -229,7 +229,7 @@ class BrokerLinks:
             consumer.drained()
             return
         for feed in feeds:
-            feed.drain(max(want - feed.credit, 0) if feed.credit else want)
+            feed.drain(max(want - feed.credit, 0))
         state.draining = set(feeds)
 
     def feed_drained(self, feed: Link) -> None:

@@ -418,8 +418,7 @@ class Link:
         """Gives the peer `credit` more deliveries to send us on this receiving link."""
         if self._ptr is not None and credit > 0:
             if self._drain_asked:
-                self._drain_asked = False
-                lib.pn_link_set_drain(self._ptr, False)
+                self._end_drain()
             lib.pn_link_flow(self._ptr, credit)
             self.connection._touch()
 
@@ -474,6 +473,16 @@ class Link:
         else:
             lib.pn_link_detach(ptr)
         self.connection._touch()
+
+    def _end_drain(self) -> None:
+        """Later flows ask no drain (proton keeps the flag on the link until told)."""
+        self._drain_asked = False
+        if self._ptr is not None:
+            lib.pn_link_set_drain(self._ptr, False)
+
+    def _drain_answered(self) -> None:
+        self._end_drain()
+        self._handler.on_link_drained(self)
 
     def _credit_changed(self) -> None:
         if self._opened and self._ptr is not None and self.is_sender:
@@ -1467,11 +1476,7 @@ class Engine:
             delivery = Delivery(link, None, payload, True)
         link._handler.on_message(link, delivery)
         if link._drain_asked and link.credit == 0:
-            # The peer used up the credit we asked it to drain: no flow will say so.
-            link._drain_asked = False
-            if link._ptr is not None:
-                lib.pn_link_set_drain(link._ptr, False)
-            link._handler.on_link_drained(link)
+            link._drain_answered()  # the peer used up the credit: no flow will say so
 
     def _on_partial(self, link: Link, size: int) -> None:
         """Part of a large delivery: proton keeps its bytes until the last frame (one copy out,
@@ -1521,9 +1526,7 @@ class Engine:
             if link.is_sender:
                 link._credit_changed()
             elif link._drain_asked and link.credit == 0:
-                link._drain_asked = False
-                lib.pn_link_set_drain(link._ptr, False)
-                link._handler.on_link_drained(link)
+                link._drain_answered()  # the peer gave back what it did not use
             return
         conn = self._conn_by_ptr.get(conn_address)
         if conn is None or conn._finalized:
