@@ -27,7 +27,7 @@ from pathlib import Path
 
 import structlog
 from enmasse.broker.catalog import Catalog
-from enmasse.broker.entry import Entry, Removal
+from enmasse.broker.entry import DEAD_LETTERED, EXPIRED, Entry, Removal
 from enmasse.broker.inbox import DrainTokens, InboxAddress, identity_problem
 from enmasse.broker.journal import Journal, Recovered
 from enmasse.broker.plan import Plan
@@ -349,21 +349,13 @@ class Broker:
                 return True  # already dead: owned and dropped, never delivered
         msg_id = self._next_id
         self._next_id += 1
-        journaled_to: list[str] = []
         if queue is not None:
             journaled = durable and plan.persistent and self.journal is not None
-            queue.enqueue(
-                Entry(
-                    id=msg_id,
-                    payload=payload,
-                    journaled=journaled,
-                    expires_at=expires_at,
-                    delivery_count=delivery_count,
-                )
-            )
-            if journaled:
-                journaled_to.append(queue.name)
+            queue.enqueue(Entry(msg_id, payload, journaled, expires_at, delivery_count))
             self._dispatch(queue)
+            if not journaled:
+                return True  # the hot path: a message in memory is owned now
+            journaled_to = [queue.name]
         else:
             assert topic is not None
             fanned = topic.fan_out(
@@ -375,8 +367,8 @@ class Broker:
             journaled_to = [q.name for q, e in fanned if e.journaled]
             for q, _ in fanned:
                 self._dispatch(q)
-        if not journaled_to:
-            return True
+            if not journaled_to:
+                return True
         assert self.journal is not None
         self.journal.enqueue(
             msg_id=msg_id, queues=journaled_to, payload=payload, expires_at=expires_at
@@ -398,11 +390,11 @@ class Broker:
     def _removed(self, queue: Queue, entry: Entry, reason: Removal) -> None:
         if entry.journaled and self.journal is not None:
             self.journal.ack(msg_id=entry.id, queue=queue.name)
-        if reason is Removal.DEAD_LETTERED:
+        if reason is DEAD_LETTERED:
             self._move(
                 entry, from_queue=queue, to=queue.plan.dead_letter_address, why="dead letter"
             )
-        elif reason is Removal.EXPIRED and queue.plan.expiry_address:
+        elif reason is EXPIRED and queue.plan.expiry_address:
             self._move(entry, from_queue=queue, to=queue.plan.expiry_address, why="expired")
         if self._room_waiters and self.budget.has_room():
             self._wake_room_waiters()

@@ -23,11 +23,14 @@ _HEADER = b"\x00Sp"
 _SECTION = b"\x00S"
 _PROPERTIES = 0x73
 _BEFORE_PROPERTIES = (0x71, 0x72)  # delivery- and message-annotations
+_MAY_CARRY_EXPIRY = frozenset((_PROPERTIES, *_BEFORE_PROPERTIES))
 
 
 def message_facts(payload: bytes) -> Facts:
     """(durable, ttl, absolute_expiry_time) of an encoded message; raises codec.CodecError."""
     if payload[:3] != _HEADER:
+        if payload[:2] == _SECTION and payload[2] not in _MAY_CARRY_EXPIRY:
+            return _NO_FACTS  # the commonest shape: no header, the body next
         return _expiry_after(payload, 0, durable=False, ttl=None)
     code = payload[3]
     if code == 0x45:  # empty list: every header field is its default
@@ -71,7 +74,7 @@ def _expiry_after(payload: bytes, pos: int, *, durable: bool, ttl: int | None) -
     if payload[pos : pos + 2] != _SECTION:
         return durable, ttl, (codec.read_properties(payload).absolute_expiry_time or None)
     section = payload[pos + 2]
-    if section == _PROPERTIES or section in _BEFORE_PROPERTIES:
+    if section in _MAY_CARRY_EXPIRY:
         return durable, ttl, (codec.read_properties(payload).absolute_expiry_time or None)
     return durable, ttl, None
 

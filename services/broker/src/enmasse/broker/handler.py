@@ -38,7 +38,7 @@ from enmasse.broker.facts import message_facts
 from enmasse.broker.hops import TracedMessages
 from enmasse.broker.inbox import DRAIN_TOKEN_PROPERTY
 from enmasse.broker.journal import GroupCommitter
-from enmasse.broker.queue import Queue, Settlement
+from enmasse.broker.queue import ACCEPTED, Queue, Settlement
 from enmasse.broker.topic import SEPARATOR, durable_identity
 from enmasse.common.amqp import codec
 from enmasse.common.amqp.engine import (
@@ -54,6 +54,8 @@ from enmasse.common.amqp.engine import (
 from enmasse.common.amqp.message_trace import MARK, flagged_unsampled
 
 log = structlog.get_logger(__name__)
+
+_ACCEPTED_OUTCOME = Outcome.ACCEPTED  # a module name: enum member lookups are dear (entry.py)
 
 NOT_FOUND = "amqp:not-found"
 NOT_IMPLEMENTED = "amqp:not-implemented"
@@ -424,8 +426,8 @@ class BrokerConnection(ConnectionHandler):
         consumer: LinkConsumer = link.context
         queue = consumer.queue
         entry: Entry = delivery.context
-        if outcome == Outcome.ACCEPTED:
-            queue.settle(consumer, entry, Settlement.ACCEPTED)
+        if outcome == _ACCEPTED_OUTCOME:
+            queue.settle(consumer, entry, ACCEPTED)
             if entry.journaled:
                 self.endpoint.schedule_commit()  # the ack record
             return

@@ -34,7 +34,18 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from enmasse.broker.entry import Entry, Removal, State
+from enmasse.broker.entry import (
+    ACKED,
+    DEAD_LETTERED,
+    DELETED,
+    DRAINED,
+    EXPIRED,
+    GONE,
+    IN_FLIGHT,
+    READY,
+    Entry,
+    Removal,
+)
 from enmasse.broker.plan import Plan
 
 
@@ -54,6 +65,11 @@ class Settlement(enum.Enum):
     MODIFIED = "modified"  # modified without delivery-failed: like released, count unchanged
     FAILED = "failed"  # modified(delivery-failed): a failed attempt, towards max attempts
     REJECTED = "rejected"  # poison: straight to the dead-letter address
+
+
+# Module names for the members, as in entry.py (enum member lookups are dear in Python 3.11).
+ACCEPTED, RELEASED, MODIFIED = Settlement.ACCEPTED, Settlement.RELEASED, Settlement.MODIFIED
+FAILED, REJECTED = Settlement.FAILED, Settlement.REJECTED
 
 
 class MemoryBudget:
@@ -113,7 +129,7 @@ class Queue:
         return (not limit or self.bytes < limit) and self.budget.has_room()
 
     def enqueue(self, entry: Entry) -> None:
-        entry.state = State.READY
+        entry.state = READY
         self._ready.append(entry)
         size = len(entry.payload)
         self.depth += 1
@@ -195,7 +211,7 @@ class Queue:
             idle = 0
             credits[i] -= 1
             consumer = consumers[i]
-            entry.state = State.IN_FLIGHT
+            entry.state = IN_FLIGHT
             in_flight[consumer].add(entry)
             consumer.deliver(entry)
             sent += 1
@@ -209,7 +225,7 @@ class Queue:
         sent = 0
         credits = {c: c.credit() for c in consumers}
         for key, entry in sorted(self._held_back, key=_by_key):
-            if entry.state is not State.READY:
+            if entry.state is not READY:
                 continue  # expired, drained or deleted meanwhile
             taker = next(
                 (c for c in consumers if credits[c] > 0 and c not in entry.refused_by), None
@@ -219,7 +235,7 @@ class Queue:
                 continue
             credits[taker] -= 1
             self.depth -= 1
-            entry.state = State.IN_FLIGHT
+            entry.state = IN_FLIGHT
             self._in_flight[taker].add(entry)
             taker.deliver(entry)
             sent += 1
@@ -229,11 +245,11 @@ class Queue:
     def _pop_ready(self, now_ms: int) -> Entry | None:
         while self._returned or self._ready:
             entry = heapq.heappop(self._returned)[1] if self._returned else self._ready.popleft()
-            if entry.state is not State.READY:
+            if entry.state is not READY:
                 continue  # reaped or deleted while waiting: lazy removal
             self.depth -= 1
             if entry.expired(now_ms):
-                self._remove(entry, Removal.EXPIRED)
+                self._remove(entry, EXPIRED)
                 continue
             return entry
         return None
@@ -254,7 +270,7 @@ class Queue:
         """The ready entries in delivery order (redeliveries first, then FIFO)."""
         returned = [e for _, e in sorted(self._returned, key=_by_key)]
         held = [e for _, e in sorted(self._held_back, key=_by_key)]
-        return [e for e in (*held, *returned, *self._ready) if e.state is State.READY]
+        return [e for e in (*held, *returned, *self._ready) if e.state is READY]
 
     # ------------------------------------------------------------------ outcomes
 
@@ -263,27 +279,27 @@ class Queue:
             self._in_flight[consumer].remove(entry)
         except KeyError:
             return  # settled twice, or after the consumer left (already returned)
-        if settlement is Settlement.ACCEPTED:
+        if settlement is ACCEPTED:
             # The hot path, inlined: one acknowledgement per message consumed.
             self.dequeued += 1
-            entry.state = State.GONE
+            entry.state = GONE
             size = len(entry.payload)
             self.bytes -= size
             self.budget.used -= size
-            self.on_removed(self, entry, Removal.ACKED)
-        elif settlement is Settlement.REJECTED:
-            self._remove(entry, Removal.DEAD_LETTERED)
-        elif settlement is Settlement.FAILED:
+            self.on_removed(self, entry, ACKED)
+        elif settlement is REJECTED:
+            self._remove(entry, DEAD_LETTERED)
+        elif settlement is FAILED:
             entry.failed_attempts += 1
             entry.delivery_count += 1
             limit = self.plan.max_delivery_attempts
             if limit and entry.failed_attempts >= limit:
-                self._remove(entry, Removal.DEAD_LETTERED)
+                self._remove(entry, DEAD_LETTERED)
             else:
                 self._return(entry, count=False)
                 self._counted(entry)
         else:
-            self._return(entry, count=settlement is Settlement.RELEASED)
+            self._return(entry, count=settlement is RELEASED)
 
     def refuse_here(self, consumer: Consumer, entry: Entry, settlement: Settlement) -> None:
         """Modified with undeliverable-here: like `settle` (FAILED or MODIFIED), but the entry
@@ -301,7 +317,7 @@ class Queue:
         if count:
             entry.delivery_count += 1
             self._counted(entry)
-        entry.state = State.READY
+        entry.state = READY
         self.depth += 1
         if getattr(entry, "refused_by", None):
             heapq.heappush(self._held_back, (entry.id, entry))
@@ -316,11 +332,11 @@ class Queue:
             self.on_counted(self, entry)
 
     def _remove(self, entry: Entry, reason: Removal) -> None:
-        entry.state = State.GONE
+        entry.state = GONE
         self._count_out(entry)
-        if reason is Removal.EXPIRED:
+        if reason is EXPIRED:
             self.expired += 1
-        elif reason is Removal.DEAD_LETTERED:
+        elif reason is DEAD_LETTERED:
             self.dead_lettered += 1
         self.on_removed(self, entry, reason)
 
@@ -332,9 +348,9 @@ class Queue:
         heap = self._expiring
         while heap and heap[0][0] <= now_ms:
             entry = heapq.heappop(heap)[2]
-            if entry.state is State.READY:
+            if entry.state is READY:
                 self.depth -= 1
-                self._remove(entry, Removal.EXPIRED)
+                self._remove(entry, EXPIRED)
                 reaped += 1
         return reaped
 
@@ -349,38 +365,38 @@ class Queue:
             entry = self._pop_ready(0)
             if entry is None:
                 break
-            entry.state = State.IN_FLIGHT
+            entry.state = IN_FLIGHT
             taken.append(entry)
         while self._held_back and len(taken) < limit:
             entry = heapq.heappop(self._held_back)[1]
-            if entry.state is State.READY:
+            if entry.state is READY:
                 self.depth -= 1
-                entry.state = State.IN_FLIGHT
+                entry.state = IN_FLIGHT
                 taken.append(entry)
         return taken
 
     def finish_hand_off(self, entry: Entry) -> None:
-        if entry.state is State.IN_FLIGHT:
+        if entry.state is IN_FLIGHT:
             self.dequeued += 1
-            self._remove(entry, Removal.DRAINED)
+            self._remove(entry, DRAINED)
 
     def undo_hand_off(self, entry: Entry) -> None:
-        if entry.state is State.IN_FLIGHT:
+        if entry.state is IN_FLIGHT:
             self._return(entry, count=False)
 
     def purge(self) -> int:
         """Removes everything (the queue is being deleted); returns how many entries went."""
         gone = 0
         for entry in self.snapshot():
-            entry.state = State.GONE
+            entry.state = GONE
             self._count_out(entry)
-            self.on_removed(self, entry, Removal.DELETED)
+            self.on_removed(self, entry, DELETED)
             gone += 1
         for held in self._in_flight.values():
             for entry in held:
-                entry.state = State.GONE
+                entry.state = GONE
                 self._count_out(entry)
-                self.on_removed(self, entry, Removal.DELETED)
+                self.on_removed(self, entry, DELETED)
                 gone += 1
             held.clear()
         self._ready.clear()

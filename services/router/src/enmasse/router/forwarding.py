@@ -56,17 +56,26 @@ from enmasse.router.inter_router import MeshLinks
 from enmasse.router.mesh import LinkStateDatabase
 from enmasse.router.points import (
     ANYCAST,
+    BROKER_IN,
+    BROKER_OUT,
+    CONSUMER,
+    CONTROL_IN,
+    CONTROL_OUT,
     MESH_MULTICAST,
     MESH_TO,
     MULTICAST,
+    MULTICAST_IN,
+    MULTICAST_OUT,
+    PRODUCER,
     PRODUCER_WINDOW,
     SWEEP_SECONDS,
+    TRANSIT_IN,
+    TRANSIT_OUT,
     TRANSIT_WINDOW,
     AddressPoint,
     ConnectionRecord,
     ConnectionRole,
     LinkState,
-    Role,
 )
 from enmasse.router.waypoints import BrokerLinks
 from enmasse.v1 import router_pb2
@@ -236,7 +245,7 @@ class Router:
 
     def _attach_producer(self, link: Link) -> None:
         if link.address is None:
-            link.context = LinkState(role=Role.PRODUCER)
+            link.context = LinkState(role=PRODUCER)
             link.accept()
             link.flow(PRODUCER_WINDOW)
             return
@@ -250,7 +259,7 @@ class Router:
             link.refuse(Condition("amqp:not-allowed", refusal))
             return
         point = self._point(resolution)
-        link.context = LinkState(role=Role.PRODUCER, point=point)
+        link.context = LinkState(role=PRODUCER, point=point)
         link.accept()
         point.producers.append(link)
         self.grant_credit(point)
@@ -270,7 +279,7 @@ class Router:
                 link.refuse(Condition("amqp:not-found", str(error)))
                 return
         point = self._point(resolution)
-        state = LinkState(role=Role.CONSUMER, point=point)
+        state = LinkState(role=CONSUMER, point=point)
         link.context = state
         link.accept()
         point.local.append(link)
@@ -291,7 +300,7 @@ class Router:
         if not isinstance(state, LinkState):
             return
         point = state.point
-        if state.role is Role.PRODUCER:
+        if state.role is PRODUCER:
             if point is not None and link in point.producers:
                 point.producers.remove(link)
             return
@@ -322,35 +331,35 @@ class Router:
         # has its flags read in place.
         if MARK in payload and not flagged_unsampled(payload):
             self._traced_message(link, state, delivery)
-        elif role is Role.PRODUCER:
+        elif role is PRODUCER:
             self._from_producer(link, state, delivery)
-        elif role is Role.BROKER_IN:
+        elif role is BROKER_IN:
             self.broker_links.from_broker(state, delivery)
-        elif role is Role.TRANSIT_IN:
+        elif role is TRANSIT_IN:
             self.mesh_links.from_transit(link, state, delivery)
-        elif role is Role.MULTICAST_IN:
+        elif role is MULTICAST_IN:
             self._from_multicast(link, state, delivery)
-        elif role is Role.CONTROL_IN:
+        elif role is CONTROL_IN:
             self.mesh_links.from_control(link, state, delivery)
 
     def _traced_message(self, link: Link, state: LinkState, delivery: Delivery) -> None:
         """A message that may be sampled: forwarded as usual, recorded as this router's hop."""
         role = state.role
         point = state.point
-        if role is Role.PRODUCER:
+        if role is PRODUCER:
             forward = lambda: self._from_producer(link, state, delivery)  # noqa: E731
-        elif role is Role.BROKER_IN:
+        elif role is BROKER_IN:
             forward = lambda: self.broker_links.from_broker(state, delivery)  # noqa: E731
-        elif role is Role.TRANSIT_IN:
+        elif role is TRANSIT_IN:
             forward = lambda: self.mesh_links.from_transit(link, state, delivery)  # noqa: E731
-        elif role is Role.MULTICAST_IN:
+        elif role is MULTICAST_IN:
             forward = lambda: self._from_multicast(link, state, delivery)  # noqa: E731
         else:
             self.mesh_links.from_control(link, state, delivery)
             return
         traced_hop(
             delivery.payload,
-            waypoint=role is Role.PRODUCER and point is not None and point.waypoint,
+            waypoint=role is PRODUCER and point is not None and point.waypoint,
             address=point.address if point is not None else _safe_to(delivery),
             address_type=point.kind if point is not None else None,
             space=self.config.space or None,
@@ -442,7 +451,7 @@ class Router:
             point.pending.append(delivery)
             return
         if local_only:
-            target = targets.choose(lambda t: t.credit > 0 and t.context.role is Role.CONSUMER)
+            target = targets.choose(lambda t: t.credit > 0 and t.context.role is CONSUMER)
             has_any = bool(point.local)
         else:
             target = targets.choose(_has_credit)
@@ -456,9 +465,10 @@ class Router:
             self.release(point, delivery)
 
     def _send(self, point: AddressPoint, target: Link, delivery: Delivery) -> None:
-        settled = delivery.pre_settled
-        target.send(delivery.payload, settled=settled, context=None if settled else delivery)
-        if not settled:
+        if delivery.pre_settled:
+            target.send_settled(delivery.payload)
+        else:
+            target.send(delivery.payload, context=delivery)
             point.targets.sent(target)
         point.counters.deliveries_out += 1
         target.connection.context.deliveries_out += 1
@@ -477,9 +487,7 @@ class Router:
         local_only = point.kind == DYNAMIC and point.resolution.owner == self.router_id
         while pending:
             if local_only:
-                target = point.targets.choose(
-                    lambda t: t.credit > 0 and t.context.role is Role.CONSUMER
-                )
+                target = point.targets.choose(lambda t: t.credit > 0 and t.context.role is CONSUMER)
             else:
                 target = point.targets.choose(_has_credit)
             if target is None:
@@ -498,16 +506,16 @@ class Router:
                 self._send_copy(link, payload)
             self._end_drain(link, state)
             return
-        if state.role is Role.CONTROL_OUT:
+        if state.role is CONTROL_OUT:
             self.mesh_links.flush_control(state.router)
             return
-        if state.role is Role.CONSUMER and state.point is not None and state.point.waypoint:
+        if state.role is CONSUMER and state.point is not None and state.point.waypoint:
             self.broker_links.feed_consumer(link, state)
             return
         point = state.point
         if point is not None and point.pending:
             self.drain_pending(point)
-        elif point is not None and state.role is Role.BROKER_OUT:
+        elif point is not None and state.role is BROKER_OUT:
             self.grant_credit(point)
         self._end_drain(link, state)
 
@@ -516,7 +524,7 @@ class Router:
         """A direct consumer that asked to drain (a receive-no-wait) has had what was waiting
         here: the rest of its credit goes back at once rather than wait for producers.
         (Waypoint consumers drain through their brokers: `BrokerLinks.feed_consumer`.)"""
-        if state.role is Role.CONSUMER and link.draining:
+        if state.role is CONSUMER and link.draining:
             link.drained()
 
     def outcome(self, link: Link, delivery: Delivery, outcome: Outcome) -> None:
@@ -528,9 +536,9 @@ class Router:
             point.targets.settled(link)
             point.counters.count_outcome(_OUTCOME_NAMES.get(outcome, "released"))
         if carried is not None:
-            if outcome is Outcome.ACCEPTED:
+            if outcome is _ACCEPTED:
                 carried.settle(outcome)
-            elif outcome is Outcome.NONE:
+            elif outcome is _NO_OUTCOME:
                 carried.settle(Outcome.RELEASED)
             else:
                 carried.settle(
@@ -560,7 +568,7 @@ class Router:
             if not isinstance(state, LinkState):
                 delivery.settle(Outcome.RELEASED)
                 continue
-            if state.role is Role.BROKER_IN:
+            if state.role is BROKER_IN:
                 delivery.settle(Outcome.RELEASED)  # the broker hands it to the next consumer
                 continue
             point = state.point
@@ -570,7 +578,7 @@ class Router:
                 except UnknownAddress:
                     delivery.settle(Outcome.RELEASED)
                     continue
-            if state.role is Role.TRANSIT_IN and state.router == self.router_id:
+            if state.role is TRANSIT_IN and state.router == self.router_id:
                 if point.local:
                     self.route(point, delivery, local_only=True)
                 else:
@@ -592,7 +600,7 @@ class Router:
             point.multicast_hops[origin] = hops
         for hop in hops:
             link = self.mesh_links.sender_towards(
-                hop, f"{MESH_MULTICAST}{origin}/{point.address}", role=Role.MULTICAST_OUT
+                hop, f"{MESH_MULTICAST}{origin}/{point.address}", role=MULTICAST_OUT
             )
             if link is not None:
                 self._offer_copy(point, link, payload)
@@ -608,7 +616,7 @@ class Router:
         point.counters.dropped += copies.dropped - before
 
     def _send_copy(self, link: Link, payload: bytes) -> None:
-        link.send(payload, settled=True)
+        link.send_settled(payload)
         point = link.context.point
         if point is not None:
             point.counters.deliveries_out += 1
@@ -653,7 +661,7 @@ class Router:
             if hop is None:
                 continue
             sender = self.mesh_links.sender_towards(
-                hop, f"{MESH_TO}{router}/{point.address}", role=Role.TRANSIT_OUT
+                hop, f"{MESH_TO}{router}/{point.address}", role=TRANSIT_OUT
             )
             if sender is None:
                 continue
@@ -793,6 +801,7 @@ def _has_credit(link: Link) -> bool:
     return link.credit > 0
 
 
+_ACCEPTED, _NO_OUTCOME = Outcome.ACCEPTED, Outcome.NONE  # module names: see points.Role
 _OUTCOME_NAMES = {
     Outcome.ACCEPTED: "accepted",
     Outcome.REJECTED: "rejected",

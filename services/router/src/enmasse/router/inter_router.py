@@ -32,11 +32,17 @@ from enmasse.router.fanout import CopyQueue
 from enmasse.router.mesh import RouterAdvert
 from enmasse.router.points import (
     ANYCAST,
+    CONTROL_IN,
+    CONTROL_OUT,
     CONTROL_WINDOW,
     MESH_CONTROL,
     MESH_TO,
     MULTICAST,
+    MULTICAST_IN,
+    MULTICAST_OUT,
     REDIAL_SECONDS,
+    TRANSIT_IN,
+    TRANSIT_OUT,
     TRANSIT_WINDOW,
     ConnectionRole,
     LinkState,
@@ -123,7 +129,7 @@ class MeshLinks:
         control = conn.open_sender(
             MESH_CONTROL, name=f"{self.router.router_id}/control", settled=True
         )
-        control.context = LinkState(role=Role.CONTROL_OUT, router=peer_id)
+        control.context = LinkState(role=CONTROL_OUT, router=peer_id)
         neighbor.control = control
         for advert in self.router.mesh.adverts():
             neighbor.backlog.append(advert.encode())
@@ -164,13 +170,13 @@ class MeshLinks:
             link.refuse(Condition("amqp:not-allowed", "inter-router links carry messages to us"))
             return
         if address == MESH_CONTROL:
-            link.context = LinkState(role=Role.CONTROL_IN, router=neighbor.router_id)
+            link.context = LinkState(role=CONTROL_IN, router=neighbor.router_id)
             link.accept()
             link.flow(CONTROL_WINDOW)
             return
         router, target = mesh_target(address)
         if router and target:
-            role = Role.TRANSIT_IN if address.startswith(MESH_TO) else Role.MULTICAST_IN
+            role = TRANSIT_IN if address.startswith(MESH_TO) else MULTICAST_IN
             link.context = LinkState(
                 role=role, point=self.router.transit_point(target), router=router
             )
@@ -183,7 +189,7 @@ class MeshLinks:
         state = link.context
         if not isinstance(state, LinkState):
             return
-        if state.role in (Role.TRANSIT_OUT, Role.MULTICAST_OUT):
+        if state.role in (TRANSIT_OUT, MULTICAST_OUT):
             neighbor = self._neighbor_of(link.connection)
             if neighbor is not None:
                 neighbor.senders.pop(link.address or "", None)
@@ -212,7 +218,7 @@ class MeshLinks:
                 role=role,
                 point=point,
                 router=router_id,
-                copies=CopyQueue() if role is Role.MULTICAST_OUT else None,
+                copies=CopyQueue() if role is MULTICAST_OUT else None,
             )
             neighbor.senders[address] = link
         return link
@@ -232,14 +238,14 @@ class MeshLinks:
                 self.router.release(point, delivery)
             return
         hop = self.router.mesh.next_hop(state.router)
-        onward = (
-            self.sender_towards(hop, link.address or "", role=Role.TRANSIT_OUT) if hop else None
-        )
+        onward = self.sender_towards(hop, link.address or "", role=TRANSIT_OUT) if hop else None
         if onward is None:
             self.router.release(point, delivery)
             return
-        settled = delivery.pre_settled
-        onward.send(delivery.payload, settled=settled, context=None if settled else delivery)
+        if delivery.pre_settled:
+            onward.send_settled(delivery.payload)
+        else:
+            onward.send(delivery.payload, context=delivery)
         onward.connection.context.deliveries_out += 1
 
     def from_control(self, link: Link, state: LinkState, delivery: Delivery) -> None:

@@ -38,7 +38,14 @@ from enmasse.common.amqp.engine import (
     Timer,
 )
 from enmasse.router.config import Waypoint
-from enmasse.router.points import REDIAL_SECONDS, AddressPoint, ConnectionRole, LinkState, Role
+from enmasse.router.points import (
+    BROKER_IN,
+    BROKER_OUT,
+    REDIAL_SECONDS,
+    AddressPoint,
+    ConnectionRole,
+    LinkState,
+)
 
 if TYPE_CHECKING:
     from enmasse.router.forwarding import Router
@@ -113,7 +120,7 @@ class BrokerLinks:
                 sender = session.connection.open_sender(
                     point.address, name=f"{self.router.router_id}/{point.address}"
                 )
-                sender.context = LinkState(role=Role.BROKER_OUT, point=point, router=name)
+                sender.context = LinkState(role=BROKER_OUT, point=point, router=name)
                 session.senders[point.address] = sender
                 session.attached.discard(point.address)
             elif point.address in session.attached:
@@ -130,7 +137,7 @@ class BrokerLinks:
         if session is None or link.connection is not session.connection:
             return
         point = state.point
-        if state.role is Role.BROKER_IN:
+        if state.role is BROKER_IN:
             if state.consumer is not None:
                 self._reattached(session.feed_retries.pop(state.consumer, None), link)
             return
@@ -186,7 +193,7 @@ class BrokerLinks:
                 ),
             )
             feed.context = LinkState(
-                role=Role.BROKER_IN, point=point, router=waypoint.broker, consumer=consumer
+                role=BROKER_IN, point=point, router=waypoint.broker, consumer=consumer
             )
             state.feeds.append(feed)
         self.feed_consumer(consumer, state)
@@ -261,8 +268,10 @@ class BrokerLinks:
     def _send_to_consumer(
         self, point: AddressPoint | None, consumer: Link, delivery: Delivery
     ) -> None:
-        settled = delivery.pre_settled
-        consumer.send(delivery.payload, settled=settled, context=None if settled else delivery)
+        if delivery.pre_settled:
+            consumer.send_settled(delivery.payload)
+        else:
+            consumer.send(delivery.payload, context=delivery)
         consumer.connection.context.deliveries_out += 1
         if point is not None:
             point.counters.deliveries_out += 1
@@ -347,7 +356,7 @@ class BrokerLinks:
         session = self.sessions.get(state.router)
         if session is not None and link.connection is not session.connection:
             session = None  # a link of an earlier connection to that broker
-        if state.role is Role.BROKER_IN:
+        if state.role is BROKER_IN:
             consumer = state.consumer
             self._feed_lost(link)
             if session is not None and consumer is not None and not link.connection.closed:

@@ -278,7 +278,6 @@ class Link:
         "_max_message_size",
         "_next_tag",
         "_opened",
-        "_peer_snd_mode",
         "_ptr",
         "_receiving",
         "_sent",
@@ -302,7 +301,6 @@ class Link:
         self.peer_initiated = peer_initiated
         self.context: Any = None
         self._opened = False
-        self._peer_snd_mode: int | None = None  # read at the first transfer (see _on_transfer)
         self._receiving = False  # a receiving link that takes transfers (open, not closing)
         self._drain_asked = False  # receiver: we asked the peer to drain; it has not yet
         self._unsettled: dict[int, Delivery] = {}
@@ -452,6 +450,19 @@ class Link:
             delivery.context = context
         self._dirty.add(self.connection)
         return delivery
+
+    def send_settled(self, payload: bytes) -> None:
+        """`send(payload, settled=True)` that keeps nothing: no Delivery is made, none returned.
+
+        For forwarding pre-settled messages (at most once: no outcome will come), where the
+        Delivery object would cost more than the rest of the send.
+        """
+        address = self._address
+        if not address:
+            raise LinkClosed(f"link {self.name!r} is closed")
+        _send(address, self._next_tag, payload, True)
+        self._next_tag += 1
+        self._dirty.add(self.connection)
 
     def close(self, error: Condition | None = None) -> None:
         """Closes the link (detach with closed=true), with an error condition if given."""
@@ -1427,6 +1438,8 @@ class Engine:
         # receives complete transfers and pops each event before returning it, so this loop
         # only dispatches; an outcome finds its delivery by pointer in `_sent`.
         collector = self._collector_address
+        if not collector:
+            return  # shut down: the collector is gone
         links_get = self._links.get
         sent_get = self._sent.get
         next_event = _next_event
@@ -1434,9 +1447,19 @@ class Engine:
             kind = record[0]
             try:
                 if kind == _TRANSFER:
+                    # A complete transfer, received and advanced (dptr 0: it came pre-settled);
+                    # handled here rather than in a method of its own: one call fewer a message.
                     link = links_get(record[1])
-                    if link is not None and link._receiving:
-                        self._on_transfer(link, record[2], record[3])
+                    if link is None or not link._receiving:
+                        continue
+                    dptr, payload = record[2], record[3]
+                    limit = link._max_message_size
+                    if limit and len(payload) > limit:
+                        self._refuse_size(link, len(payload))
+                        continue
+                    link._handler.on_message(link, Delivery(link, dptr or None, payload, not dptr))
+                    if link._drain_asked and link.credit == 0:
+                        link._drain_answered()  # the peer used up the credit: no flow will say so
                 elif kind == _OUTCOME:
                     sent = sent_get(record[1])
                     if sent is not None:
@@ -1463,20 +1486,6 @@ class Engine:
             conn = self._conn_by_ptr.get(pointer)
         if conn is not None:
             conn.close(Condition("amqp:internal-error", "internal error"))
-
-    def _on_transfer(self, link: Link, dptr: int, payload: bytes) -> None:
-        """A complete delivery, already received and advanced (dptr 0: it came pre-settled)."""
-        limit = link._max_message_size
-        if limit and len(payload) > limit:
-            self._refuse_size(link, len(payload))
-            return
-        if dptr:
-            delivery = Delivery(link, dptr, payload, False)
-        else:
-            delivery = Delivery(link, None, payload, True)
-        link._handler.on_message(link, delivery)
-        if link._drain_asked and link.credit == 0:
-            link._drain_answered()  # the peer used up the credit: no flow will say so
 
     def _on_partial(self, link: Link, size: int) -> None:
         """Part of a large delivery: proton keeps its bytes until the last frame (one copy out,
@@ -1671,6 +1680,10 @@ class Engine:
             conn._sock = None
         lib.pn_transport_unbind(conn._transport)
         lib.pn_connection_release(conn._ptr)
+        # Release frees the endpoints; the connection object itself (and the deliveries proton
+        # pools in it, about 0.5 MB after a busy connection) goes with our reference: this
+        # release + decref is proton's pn_connection_free, which the binding does not declare.
+        lib.pn_decref(conn._ptr)
         lib.pn_decref(conn._transport)
 
     def _shutdown(self) -> None:
@@ -1681,6 +1694,8 @@ class Engine:
             self._close_listener(listener)
         self._listeners.clear()
         self._process_events()
+        self._collector_address = 0
+        lib.pn_collector_free(self._collector)
         self._epoll.close()
         os.close(self._wake_fd)
 
