@@ -19,6 +19,7 @@ from enmasse.common.amqp.client import AmqpError, Client
 from enmasse.common.amqp.engine import (
     Condition,
     Connection,
+    ConnectionClosed,
     ConnectionHandler,
     Delivery,
     Engine,
@@ -651,3 +652,13 @@ def test_a_finished_connection_gives_its_memory_back(amqp_listener):
     gc.collect()
     grown = _malloc_in_use() - before
     assert grown < 500_000, f"{grown:,} bytes more in use after 60 connections came and went"
+
+
+def test_dialling_from_an_engine_that_has_shut_down_is_a_clear_error(amqp_listener):
+    _listener, port = amqp_listener(Sink)
+    engine = Engine()
+    thread = engine.run_in_thread()
+    engine.stop()
+    thread.join(5)
+    with pytest.raises(ConnectionClosed, match="the engine has shut down"):
+        engine.connect(host="127.0.0.1", port=port, handler=Sink())

@@ -867,6 +867,8 @@ class Engine:
         Returns at once; handler.on_connection_open follows, or on_connection_close with the
         error if the peer cannot be reached or refuses.
         """
+        if not self._collector_address:
+            raise ConnectionClosed("the engine has shut down")
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
