@@ -5,6 +5,7 @@ then real clients (ours and proton's) logging in over loopback, right and wrong.
 from __future__ import annotations
 
 import socket
+import threading
 
 import pytest
 from enmasse.common.amqp import codec, sasl
@@ -27,16 +28,34 @@ def init_frame(mechanism: str, response: bytes) -> bytes:
     return sasl._frame(body)
 
 
+def answered(server: sasl.SaslServer, step: sasl.Step) -> sasl.Step:
+    """What the engine does with a check: the authenticator's answer, back into the exchange."""
+    return server.checked(check(*step.check)) if step.check is not None else step
+
+
 def test_exchange_accepts_the_right_password_and_keeps_what_follows():
     server = sasl.SaslServer(check, allow_anonymous=False)
     first = server.feed(sasl.SASL_HEADER)
     assert first.reply == sasl.SASL_HEADER + sasl.mechanisms_frame(("PLAIN",))
     assert not first.done
-    after = sasl.AMQP_HEADER + b"open frame..."
-    step = server.feed(init_frame("PLAIN", b"\x00alice\x00wonderland") + after)
+    asked = server.feed(init_frame("PLAIN", b"\x00alice\x00wonderland") + sasl.AMQP_HEADER)
+    assert (asked.check, asked.done, asked.reply) == (("alice", "wonderland"), False, b"")
+    # A pipelining client's open arrives while the password is being checked: it is kept.
+    assert server.feed(b"open frame...") == sasl.Step()
+    step = server.checked(check(*asked.check))
     assert (step.done, step.user, step.error) == (True, "alice", None)
     assert step.reply == sasl.outcome_frame(sasl.OK)
-    assert step.rest == after
+    assert step.rest == sasl.AMQP_HEADER + b"open frame..."
+
+
+def test_an_authenticator_that_failed_denies_with_its_error():
+    server = sasl.SaslServer(check, allow_anonymous=False)
+    server.feed(sasl.SASL_HEADER)
+    server.feed(init_frame("PLAIN", b"\x00alice\x00wonderland"))
+    step = server.checked(False, failure="store unreachable")
+    assert (step.done, step.user, step.rest) == (True, None, b"")
+    assert step.error == "authenticator failed: store unreachable"
+    assert step.reply == sasl.outcome_frame(sasl.SYS_ERROR)
 
 
 def test_exchange_fed_one_byte_at_a_time():
@@ -66,7 +85,7 @@ def test_exchange_fed_one_byte_at_a_time():
 def test_exchange_refuses(mechanism, response, error):
     server = sasl.SaslServer(check, allow_anonymous=False)
     server.feed(sasl.SASL_HEADER)
-    step = server.feed(init_frame(mechanism, response))
+    step = answered(server, server.feed(init_frame(mechanism, response)))
     assert (step.done, step.user, step.error) == (True, None, error)
     assert step.reply.endswith(
         sasl.outcome_frame(sasl.AUTH_FAILED if "Authentication" in error else sasl.SYS_ERROR)
@@ -118,6 +137,35 @@ def test_clients_log_in_with_checked_passwords(amqp_listener, amqp_client):
         proton_client.close()
     assert users == ["alice", "alice"]
     assert calls[:3] == [("alice", "wonderland"), ("alice", "wrong"), ("crash", "x")]
+
+
+def test_a_login_being_checked_holds_up_no_other_connection(amqp_listener, amqp_client):
+    # Checking a password hash costs tens of milliseconds: the engine does it on a worker thread.
+    # Here one check waits until the test lets it go; meanwhile a connected client's messages
+    # go through, which they could not if the check ran on the engine's thread.
+    users: list[str | None] = []
+    checking, release = threading.Event(), threading.Event()
+
+    def authenticator(user: str, password: str) -> bool:
+        if user == "slow":
+            checking.set()
+            release.wait(10)
+            return password == "patience"
+        return check(user, password)
+
+    _engine, port = amqp_listener(lambda: Greeter(users), authenticator=authenticator)
+    busy = amqp_client(port, user="alice", password="wonderland").sender("in")
+    slow = threading.Thread(target=lambda: amqp_client(port, user="slow", password="patience"))
+    slow.start()
+    try:
+        assert checking.wait(5)
+        outcomes = [busy.send(codec.encode_message(b"m"), timeout=5).outcome for _ in range(8)]
+        assert outcomes == [Outcome.ACCEPTED] * 8  # Greeter gives 10 credits
+        assert slow.is_alive()  # still waiting for its answer
+    finally:
+        release.set()
+        slow.join(10)
+    assert users == ["alice", "slow"]
 
 
 def test_anonymous_allowed_when_asked(amqp_listener, amqp_client):

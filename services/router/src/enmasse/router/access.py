@@ -12,7 +12,9 @@ Why it is built so:
   stranger's connection ends in the SASL exchange with amqp:unauthorized-access, before it can
   open a link, advertise a route or count as a neighbour;
 - a user's password is checked against its scrypt hash (`enmasse.common.passwords`), which costs
-  tens of milliseconds, on the engine's thread. A successful login is remembered as an HMAC of the
+  tens of milliseconds, on one of the engine's two login threads (the engine's thread goes on
+  serving every other connection meanwhile; the dict of remembered logins is only read and set
+  whole, entry by entry, which needs no lock). A successful login is remembered as an HMAC of the
   password under a key that lives only in this process, next to the hash it matched, so a client
   that reconnects costs microseconds; a new hash (password changed) or a user removed from the
   configuration forgets it. Failed logins are not remembered: each one pays the full scrypt

@@ -758,6 +758,9 @@ class Engine:
         self._running = False
         self._stopping = False
         self._thread: threading.Thread | None = None
+        # Where logins are checked (sasl.py): made at the first PLAIN login of a listener with an
+        # authenticator, so that hashing a password holds up no other connection.
+        self._login_checks: concurrent.futures.ThreadPoolExecutor | None = None
         # Plain connections read and write straight between socket and proton (amqp_hotpath);
         # these serve the ones whose bytes pass through our own SASL or TLS first.
         self._inbuf = ffi.new("char[]", _RECV_CHUNK)
@@ -1223,10 +1226,15 @@ class Engine:
     def _sasl_step(self, conn: Connection, data: bytes) -> None:
         exchange = conn._sasl
         assert exchange is not None
-        step = exchange.feed(data)
+        self._sasl_went_on(conn, exchange, exchange.feed(data))
+
+    def _sasl_went_on(self, conn: Connection, exchange: sasl.SaslServer, step: sasl.Step) -> None:
         if step.reply:
             conn._pre_output += step.reply
             conn._detour = True
+        if step.check is not None:
+            self._check_login(conn, exchange, *step.check)
+            return
         if not step.done:
             return
         conn._sasl = None
@@ -1241,6 +1249,35 @@ class Engine:
         conn._sasl_user = step.user
         if step.rest:
             self._push_plain(conn, step.rest)
+
+    def _check_login(
+        self, conn: Connection, exchange: sasl.SaslServer, user: str, password: str
+    ) -> None:
+        """Runs the authenticator on a worker thread; its answer comes back to the loop."""
+        assert exchange.authenticator is not None
+        if self._login_checks is None:
+            self._login_checks = concurrent.futures.ThreadPoolExecutor(
+                max_workers=2, thread_name_prefix="amqp-login"
+            )
+        future = self._login_checks.submit(exchange.authenticator, user, password)
+        answer = functools.partial(self._login_checked, conn, exchange, future)
+        future.add_done_callback(lambda _: self.call_soon_threadsafe(answer))
+
+    def _login_checked(
+        self,
+        conn: Connection,
+        exchange: sasl.SaslServer,
+        future: concurrent.futures.Future[bool],
+    ) -> None:
+        if conn._finalized or conn._sasl is not exchange:
+            return  # the client went away meanwhile
+        try:
+            step = exchange.checked(bool(future.result()))
+        except Exception as err:  # a broken authenticator denies; it does not crash the engine
+            step = exchange.checked(False, failure=str(err))
+        self._sasl_went_on(conn, exchange, step)
+        self._process_events()
+        self._dirty.add(conn)
 
     def _tls_step(self, conn: Connection, data: bytes) -> None:
         """Ciphertext from a connection with our own TLS: decrypted, it goes on to our SASL
@@ -1696,6 +1733,8 @@ class Engine:
             self._close_listener(listener)
         self._listeners.clear()
         self._process_events()
+        if self._login_checks is not None:
+            self._login_checks.shutdown(wait=False, cancel_futures=True)
         self._collector_address = 0
         lib.pn_collector_free(self._collector)
         self._epoll.close()

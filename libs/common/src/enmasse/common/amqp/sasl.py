@@ -12,6 +12,11 @@ MessagingUser passwords as hashes in its store and changes them at run time, so 
 an `authenticator(user, password) -> bool` instead, and the engine runs this small state machine
 before proton sees a byte (AMQP 1.0 part 5.3: a five-frame exchange, nothing to negotiate beyond
 the mechanism). Clients need nothing special: proton's client SASL (and ours) speak PLAIN.
+
+A PLAIN password is not checked here: checking a hash costs tens of milliseconds, and on the
+engine's thread it would hold up every other connection for that long. The exchange hands the
+credentials out (`Step.check`), keeps what the client sends meanwhile, and ends when the engine
+brings the authenticator's answer back (`checked`).
 """
 
 from __future__ import annotations
@@ -32,19 +37,24 @@ OK, AUTH_FAILED, SYS_ERROR = 0, 1, 2
 MAX_SASL_FRAME = 64 * 1024  # a sasl-init carries a user name and a password, not megabytes
 
 Authenticator = Callable[[str, str], bool]
-"""(user, password) -> True to let the client in. Runs on the engine thread: must not block."""
+"""(user, password) -> True to let the client in. The engine calls it on a worker thread of its
+own, so a slow check (scrypt: tens of milliseconds) holds up no other connection; it may be
+called from two threads at once."""
 
 
 @dataclass
 class Step:
-    """What the engine does after feeding bytes: send `reply`; when `done`, pass `rest` to
-    proton (succeeded) or close the connection with `error` (failed)."""
+    """What the engine does after feeding bytes: send `reply`; when `check` is set, have the
+    authenticator check these PLAIN credentials off the engine thread and hand its answer to
+    `SaslServer.checked`; when `done`, pass `rest` to proton (succeeded) or close the connection
+    with `error` (failed)."""
 
     reply: bytes = b""
     done: bool = False
     rest: bytes = b""
     user: str | None = None
     error: str | None = None
+    check: tuple[str, str] | None = None
 
 
 def _frame(body: bytes) -> bytes:
@@ -99,8 +109,14 @@ class SaslServer:
         )
         self.buffer = b""
         self.header_seen = False
+        self._checking: tuple[str, bytes] | None = None  # (user, what followed the sasl-init)
 
     def feed(self, data: bytes) -> Step:
+        if self._checking is not None:
+            # A pipelining client's AMQP header and open, while its password is being checked.
+            user, rest = self._checking
+            self._checking = (user, rest + data)
+            return Step()
         self.buffer += data
         if not self.header_seen:
             if len(self.buffer) < len(SASL_HEADER):
@@ -125,22 +141,29 @@ class SaslServer:
         self.buffer = b""
         try:
             mechanism, response = parse_init(body)
-            user = self._authenticate(mechanism, response)
+            if mechanism == "PLAIN" and self.authenticator is not None:
+                user, password = plain_credentials(response)
+                self._checking = (user, rest)
+                return Step(reply=reply, check=(user, password))
         except (codec.CodecError, UnicodeDecodeError, IndexError) as err:
             return Step(reply=reply + outcome_frame(SYS_ERROR), done=True, error=str(err))
-        if user is None:
-            failed = f"Authentication failed [mech={mechanism}]"
-            return Step(reply=reply + outcome_frame(AUTH_FAILED), done=True, error=failed)
-        return Step(reply=reply + outcome_frame(OK), done=True, rest=rest, user=user)
-
-    def _authenticate(self, mechanism: str, response: bytes) -> str | None:
         if mechanism == "ANONYMOUS" and self.allow_anonymous:
-            return "anonymous"
-        if mechanism == "PLAIN" and self.authenticator is not None:
-            user, password = plain_credentials(response)
-            try:
-                allowed = self.authenticator(user, password)
-            except Exception as err:  # a broken authenticator denies, it does not crash the engine
-                raise codec.CodecError(f"authenticator failed: {err}") from err
-            return user if allowed else None
-        return None
+            return Step(reply=reply + outcome_frame(OK), done=True, rest=rest, user="anonymous")
+        return Step(reply=reply + outcome_frame(AUTH_FAILED), done=True, error=_failed(mechanism))
+
+    def checked(self, allowed: bool, *, failure: str | None = None) -> Step:
+        """Ends the exchange with the authenticator's answer to `Step.check` (`failure`: it
+        raised, which denies: a broken authenticator does not let anyone in)."""
+        assert self._checking is not None, "checked() without a check asked"
+        user, rest = self._checking
+        self._checking = None
+        if failure is not None:
+            error = f"authenticator failed: {failure}"
+            return Step(reply=outcome_frame(SYS_ERROR), done=True, error=error)
+        if not allowed:
+            return Step(reply=outcome_frame(AUTH_FAILED), done=True, error=_failed("PLAIN"))
+        return Step(reply=outcome_frame(OK), done=True, rest=rest, user=user)
+
+
+def _failed(mechanism: str) -> str:
+    return f"Authentication failed [mech={mechanism}]"
