@@ -74,6 +74,10 @@ def test_a_draining_consumer_gets_what_waits_then_its_credit_back(
     waiting = [sender.send_async(_body(n)) for n in (1, 2)]
     link = receiver.link
     assert link is not None
+    # A drain asks for what waits at the router now: wait until both messages are there.
+    deadline = time.monotonic() + 10
+    while _arrived(router, "work") < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
     consumer_side.call(lambda: link.drain(10))
     got = [receiver.receive(10) for _ in range(2)]
     assert [_number(d.payload) for d in got] == [1, 2]
@@ -92,6 +96,11 @@ def test_a_draining_consumer_gets_what_waits_then_its_credit_back(
     receiver.accept(last)
     assert _number(last.payload) == 3
     assert third.result(10).outcome is Outcome.ACCEPTED
+
+
+def _arrived(router: RouterProcess, address: str) -> int:
+    stats = router.address_stats(address)
+    return stats.deliveries_in if stats is not None else 0
 
 
 def test_deliveries_are_balanced_over_three_consumers(
