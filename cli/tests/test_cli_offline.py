@@ -5,8 +5,10 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import grpc
 import pytest
 from click.testing import CliRunner
+from enmasse.cli.client import dropped
 from enmasse.cli.kinds import resolve_kind
 from enmasse.cli.local import Ports, VarDir, program_commands, render_supervisord_conf
 from enmasse.cli.main import cli
@@ -181,3 +183,32 @@ def test_supervisord_config_supervises_etcd_then_config(tmp_path: Path) -> None:
     assert conf.count("autorestart = true") == 6  # the control plane; routers, brokers: included
     assert conf.index("[program:etcd]") < conf.index("[program:config]")
     assert f"[include]\nfiles = {tmp_path}/supervisor.d/*.conf" in conf
+
+
+class _Failed(grpc.RpcError):
+    """An RPC's failure as gRPC hands it to the CLI: a status code and its details."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+@pytest.mark.parametrize(
+    ("code", "details", "resumed"),
+    [
+        (grpc.StatusCode.UNAVAILABLE, "Socket closed", True),
+        (grpc.StatusCode.UNKNOWN, "Stream removed", True),  # a killed server, now and then
+        (grpc.StatusCode.UNKNOWN, "boom", False),
+        (grpc.StatusCode.INVALID_ARGUMENT, "kinds: 'x' is not a kind", False),
+        (grpc.StatusCode.OUT_OF_RANGE, "resource_version 3 has been compacted; re-list", False),
+    ],
+)
+def test_watch_resumes_on_a_dropped_connection_only(
+    code: grpc.StatusCode, details: str, resumed: bool
+) -> None:
+    assert dropped(_Failed(code, details)) is resumed

@@ -213,7 +213,13 @@ def test_watch_resumes_after_the_config_service_is_killed_and_missing_nothing(
         code, _out, err = enmasse(config.target, "apply", "-f", str(EXAMPLES / "demo-space.yaml"))
         assert (code, err) == (0, "")
         # Only the new space: the resumed stream neither repeats `jms` nor misses `demo`.
-        assert next_line(lines, timeout=40) == "ADDED    addressspace/demo"
+        try:
+            resumed = next_line(lines, timeout=40)
+        except queue.Empty:
+            gone = watcher.poll()
+            said = watcher.stderr.read() if gone is not None and watcher.stderr else ""
+            pytest.fail(f"no event after the restart; watcher exit {gone}, stderr {said!r}")
+        assert resumed == "ADDED    addressspace/demo"
         watcher.send_signal(signal.SIGINT)
         assert watcher.wait(timeout=15) == 0
         reader.join(timeout=10)  # every line the watcher printed has been read

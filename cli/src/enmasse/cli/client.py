@@ -62,6 +62,16 @@ def resolve_server(*, option: str | None, var_dir: Path) -> str:
     return DEFAULT_SERVER
 
 
+def dropped(error: grpc.RpcError) -> bool:
+    """Whether a call failed because the connection went (a stream worth resuming), not because
+    the server said no. A server killed mid-stream is mostly UNAVAILABLE, but gRPC sometimes
+    reports it as UNKNOWN "Stream removed" (grpc/grpc#34076)."""
+    code = error.code()  # type: ignore[attr-defined]
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return True
+    return code == grpc.StatusCode.UNKNOWN and error.details() == "Stream removed"  # type: ignore[attr-defined]
+
+
 def explain(error: grpc.RpcError, *, server: str) -> CliError:
     code = error.code()  # type: ignore[attr-defined]
     details = error.details() or ""  # type: ignore[attr-defined]
@@ -177,7 +187,7 @@ class ConfigClient:
                     yield event
                 return  # the server ended the stream on purpose
             except grpc.RpcError as error:
-                if error.code() != grpc.StatusCode.UNAVAILABLE or not synced:  # type: ignore[attr-defined]
+                if not dropped(error) or not synced:
                     raise explain(error, server=self.server) from None
                 down_since = down_since or time.monotonic()
                 if time.monotonic() - down_since > retry_for:
