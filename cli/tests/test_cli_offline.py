@@ -8,10 +8,11 @@ from pathlib import Path
 import grpc
 import pytest
 from click.testing import CliRunner
-from enmasse.cli.client import dropped
+from enmasse.cli.client import ListPhase, dropped
 from enmasse.cli.kinds import resolve_kind
 from enmasse.cli.local import Ports, VarDir, program_commands, render_supervisord_conf
 from enmasse.cli.main import cli
+from enmasse.v1 import config_pb2, resources_pb2
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -212,3 +213,41 @@ def test_watch_resumes_on_a_dropped_connection_only(
     code: grpc.StatusCode, details: str, resumed: bool
 ) -> None:
     assert dropped(_Failed(code, details)) is resumed
+
+
+def _space(name: str, version: int) -> resources_pb2.Resource:
+    meta = resources_pb2.Metadata(name=name, resource_version=version)
+    return resources_pb2.Resource(address_space=resources_pb2.AddressSpace(metadata=meta))
+
+
+def _lines(events: list[config_pb2.WatchEvent]) -> list[str]:
+    Event = config_pb2.WatchEvent
+    return [
+        f"{Event.Type.Name(e.type)} {e.object.address_space.metadata.name}".strip() for e in events
+    ]
+
+
+def test_a_list_cut_short_is_listed_again_without_repeats() -> None:
+    Event = config_pb2.WatchEvent
+    listing = ListPhase()
+    listing.restart()
+    first = [Event(type=Event.ADDED, object=_space(n, 1)) for n in ("a", "b", "d")]
+    assert _lines([e for event in first for e in listing.passed_on(event)]) == [
+        "ADDED a",
+        "ADDED b",
+        "ADDED d",
+    ]
+    # The stream dropped before SYNCED; meanwhile b changed, c came and d went.
+    listing.restart()
+    second = [
+        Event(type=Event.ADDED, object=_space("a", 1)),
+        Event(type=Event.ADDED, object=_space("b", 2)),
+        Event(type=Event.ADDED, object=_space("c", 3)),
+        Event(type=Event.SYNCED, revision=9),
+    ]
+    assert _lines([e for event in second for e in listing.passed_on(event)]) == [
+        "MODIFIED b",
+        "ADDED c",
+        "DELETED d",
+        "SYNCED",
+    ]

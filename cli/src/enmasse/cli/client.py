@@ -26,6 +26,7 @@ from typing import Any
 import click
 import grpc
 from enmasse.common.manifests import KindInfo, wrap
+from enmasse.common.validation import Key, key_of
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
 DEFAULT_SERVER = "127.0.0.1:5680"
@@ -60,6 +61,45 @@ def resolve_server(*, option: str | None, var_dir: Path) -> str:
     except OSError:
         pass
     return DEFAULT_SERVER
+
+
+class ListPhase:
+    """The events of a watch's list phase (ADDED for what exists, then SYNCED), across streams.
+
+    A stream that drops before SYNCED leaves the list incomplete, with no revision to resume
+    from: the watch lists again. What the cut list already passed on is not passed on twice:
+    an object listed again unchanged is skipped, a changed one comes as MODIFIED, and at SYNCED
+    whatever the earlier list passed on and this one does not hold comes as DELETED.
+    """
+
+    def __init__(self) -> None:
+        self._passed: dict[Key, resources_pb2.Resource] = {}
+        self._listed: set[Key] = set()
+
+    def restart(self) -> None:
+        """A new stream begins its list."""
+        self._listed = set()
+
+    def passed_on(self, event: config_pb2.WatchEvent) -> list[config_pb2.WatchEvent]:
+        Event = config_pb2.WatchEvent
+        if event.type == Event.ADDED:
+            key = key_of(event.object)
+            self._listed.add(key)
+            before = self._passed.get(key)
+            self._passed[key] = event.object
+            if before is None:
+                return [event]
+            if before == event.object:
+                return []
+            return [Event(type=Event.MODIFIED, object=event.object)]
+        if event.type == Event.SYNCED:
+            gone = [
+                Event(type=Event.DELETED, object=obj, revision=event.revision)
+                for key, obj in self._passed.items()
+                if key not in self._listed
+            ]
+            return [*gone, event]
+        return [event]
 
 
 def dropped(error: grpc.RpcError) -> bool:
@@ -169,25 +209,32 @@ class ConfigClient:
         retry_for: float = 30.0,
     ) -> Iterator[config_pb2.WatchEvent]:
         """List-then-watch; on a dropped stream, resume after the last revision seen (no event
-        missed or repeated), giving up when the server stays away for `retry_for` seconds."""
+        missed or repeated), giving up when the server stays away for `retry_for` seconds. A
+        stream dropped before the list was complete lists again (see `ListPhase`)."""
         revision = 0  # until SYNCED, a resume must list again: the list may be incomplete
-        synced = False
+        listing: ListPhase | None = ListPhase()
         down_since: float | None = None
         while True:
             request = config_pb2.WatchRequest(
                 kinds=list(kinds), space=space, resource_version=revision
             )
             stream = self._stub.Watch(request)
+            if listing is not None:
+                listing.restart()
             try:
                 for event in stream:
                     down_since = None
-                    synced = synced or event.type == config_pb2.WatchEvent.SYNCED
-                    if synced and event.revision:
-                        revision = max(revision, event.revision)
-                    yield event
+                    if listing is None:
+                        if event.revision:
+                            revision = max(revision, event.revision)
+                        yield event
+                        continue
+                    yield from listing.passed_on(event)
+                    if event.type == config_pb2.WatchEvent.SYNCED:
+                        listing, revision = None, event.revision
                 return  # the server ended the stream on purpose
             except grpc.RpcError as error:
-                if not dropped(error) or not synced:
+                if not dropped(error):
                     raise explain(error, server=self.server) from None
                 down_since = down_since or time.monotonic()
                 if time.monotonic() - down_since > retry_for:
