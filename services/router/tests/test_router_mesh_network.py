@@ -262,10 +262,12 @@ def test_a_slow_multicast_consumer_does_not_stall_the_others(
 ) -> None:
     r1, _ = pair
     consumers = _connect(r1, clients)
-    stalled = consumers.receiver("news", credit=0)  # never grants credit
-    lively = consumers.receiver("news", credit=100)
-    sender = _connect(r1, clients).sender("news", settled=True)
     total = 1200  # the router holds at most 1,000 copies for one consumer
+    stalled = consumers.receiver("news", credit=0)  # never grants credit
+    # Credit for every message: no copy ever waits at the router for this one, so however slowly
+    # this test reads (a busy CI machine), it cannot fall 1,000 behind and have copies dropped.
+    lively = consumers.receiver("news", credit=total)
+    sender = _connect(r1, clients).sender("news", settled=True)
     for n in range(total):
         sender.send_async(codec.encode_message(str(n).encode()))
     got = [int(codec.read_body(lively.receive(10).payload)) for _ in range(total)]
