@@ -52,10 +52,9 @@ from enmasse.common.amqp.engine import (
     Timer,
 )
 from enmasse.common.amqp.message_trace import MARK, flagged_unsampled
+from enmasse.common.amqp.wire import OUTCOME_ACCEPTED
 
 log = structlog.get_logger(__name__)
-
-_ACCEPTED_OUTCOME = Outcome.ACCEPTED  # a module name: enum member lookups are dear (entry.py)
 
 NOT_FOUND = "amqp:not-found"
 NOT_IMPLEMENTED = "amqp:not-implemented"
@@ -426,7 +425,7 @@ class BrokerConnection(ConnectionHandler):
         consumer: LinkConsumer = link.context
         queue = consumer.queue
         entry: Entry = delivery.context
-        if outcome == _ACCEPTED_OUTCOME:
+        if outcome == OUTCOME_ACCEPTED:
             queue.settle(consumer, entry, ACCEPTED)
             if entry.journaled:
                 self.endpoint.schedule_commit()  # the ack record

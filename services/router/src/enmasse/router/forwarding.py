@@ -42,6 +42,7 @@ import structlog
 from enmasse.common.amqp import codec
 from enmasse.common.amqp.engine import Condition, Connection, Delivery, Engine, Link, Outcome
 from enmasse.common.amqp.message_trace import MARK, flagged_unsampled
+from enmasse.common.amqp.wire import OUTCOME_ACCEPTED, OUTCOME_NONE
 from enmasse.router.addressing import (
     DYNAMIC,
     ReplyAddresses,
@@ -536,9 +537,9 @@ class Router:
             point.targets.settled(link)
             point.counters.count_outcome(_OUTCOME_NAMES.get(outcome, "released"))
         if carried is not None:
-            if outcome is _ACCEPTED:
+            if outcome is OUTCOME_ACCEPTED:
                 carried.settle(outcome)
-            elif outcome is _NO_OUTCOME:
+            elif outcome is OUTCOME_NONE:
                 carried.settle(Outcome.RELEASED)
             else:
                 carried.settle(
@@ -801,7 +802,6 @@ def _has_credit(link: Link) -> bool:
     return link.credit > 0
 
 
-_ACCEPTED, _NO_OUTCOME = Outcome.ACCEPTED, Outcome.NONE  # module names: see points.Role
 _OUTCOME_NAMES = {
     Outcome.ACCEPTED: "accepted",
     Outcome.REJECTED: "rejected",

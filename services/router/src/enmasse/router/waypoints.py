@@ -211,13 +211,10 @@ class BrokerLinks:
 
     def feed_consumer(self, consumer: Link, state: LinkState) -> None:
         """Held deliveries first; then every broker feed is topped up to the consumer's credit."""
-        point = state.point
-        held = state.held
-        while held and consumer.credit > 0:
-            self._send_to_consumer(point, consumer, held.popleft())
+        self._send_held(consumer, state)
         if state.draining:
             return  # a drain is on its way through the brokers: no new credit meanwhile
-        want = consumer.credit - len(held)
+        want = consumer.credit - len(state.held)
         if consumer.draining:
             self._drain_feeds(consumer, state, want=want)
             return
@@ -248,8 +245,7 @@ class BrokerLinks:
         state.draining.discard(feed)
         if state.draining:
             return
-        while state.held and consumer.credit > 0:
-            self._send_to_consumer(state.point, consumer, state.held.popleft())
+        self._send_held(consumer, state)
         consumer.drained()
 
     def from_broker(self, state: LinkState, delivery: Delivery) -> None:
@@ -264,6 +260,12 @@ class BrokerLinks:
             self._send_to_consumer(point, consumer, delivery)
         else:
             consumer_state.held.append(delivery)
+
+    def _send_held(self, consumer: Link, state: LinkState) -> None:
+        """What the brokers sent while the consumer had no credit goes first, as credit allows."""
+        held = state.held
+        while held and consumer.credit > 0:
+            self._send_to_consumer(state.point, consumer, held.popleft())
 
     def _send_to_consumer(
         self, point: AddressPoint | None, consumer: Link, delivery: Delivery

@@ -59,6 +59,7 @@ from cproton_ffi import ffi, lib
 from enmasse.common.amqp import codec, sasl
 from enmasse.common.amqp.tls import TlsFailure, TlsSession, server_context
 from enmasse.common.amqp.wire import (
+    OUTCOME_ACCEPTED,
     OUTCOMES,
     Condition,
     Outcome,
@@ -246,7 +247,7 @@ class Delivery:
         link = self.link
         if link._ptr is None or ptr is None:
             return
-        if outcome != _ACCEPTED:
+        if outcome != OUTCOME_ACCEPTED:
             if outcome == Outcome.REJECTED and error is not None:
                 local = lib.pn_delivery_local(ffi.cast("pn_delivery_t *", ptr))
                 set_condition(lib.pn_disposition_condition(local), error)
@@ -1545,7 +1546,7 @@ class Engine:
     def _on_update(self, delivery: Delivery, dptr: int, state: int) -> None:
         """The peer settled (or gave a terminal state to) a delivery we sent."""
         if state == _PN_ACCEPTED:
-            outcome = _ACCEPTED
+            outcome = OUTCOME_ACCEPTED
         else:
             outcome = OUTCOMES.get(state, Outcome.NONE)
             if state == lib.PN_REJECTED or state == lib.PN_MODIFIED:
@@ -1801,4 +1802,3 @@ _READ_INPUT_CLOSED = amqp_hotpath.READ_INPUT_CLOSED
 _WRITE_BLOCKED = amqp_hotpath.WRITE_BLOCKED
 _WRITE_HEAD_CLOSED = amqp_hotpath.WRITE_HEAD_CLOSED
 _PN_ACCEPTED = lib.PN_ACCEPTED
-_ACCEPTED = Outcome.ACCEPTED
