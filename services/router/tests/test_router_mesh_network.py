@@ -13,6 +13,7 @@ import pytest
 from enmasse.common.amqp import codec
 from enmasse.common.amqp.client import AmqpError, Client
 from enmasse.common.amqp.engine import Condition, Delivery, Outcome, Terminus
+from enmasse.router.points import PRODUCER_WINDOW, TRANSIT_WINDOW
 from enmasse.v1 import router_pb2
 
 from tests.fixtures.router import RouterFleet, RouterProcess
@@ -278,3 +279,67 @@ def test_a_slow_multicast_consumer_does_not_stall_the_others(
     stalled.flow(2000)
     first = int(codec.read_body(stalled.receive(10).payload))
     assert first == total - 1000  # the oldest copies were the ones dropped
+
+
+def test_a_stalled_consumer_behind_another_router_holds_back_the_producer(
+    pair: tuple[RouterProcess, RouterProcess], clients: list[Client]
+) -> None:
+    """What waits for a consumer is bounded by credit all the way back: the far router gives
+    the near one no more credit while deliveries wait for its consumer, so the near router
+    stops topping up the producer, and the producer waits (nothing piles up, nothing is lost)."""
+    r1, r2 = pair
+    consumer = _connect(r2, clients).receiver("work", credit=0)  # takes 5, then stalls
+    consumer.flow(5)
+    _wait_remote(r1, "work", 1)
+    producer = _connect(r1, clients).sender("work")
+    total = PRODUCER_WINDOW + 2 * TRANSIT_WINDOW + 1000  # more than all the windows on the way
+    sent = [producer.send_async(codec.encode_message(str(n).encode())) for n in range(total)]
+    got = [consumer.receive(10) for _ in range(5)]
+    time.sleep(1.0)  # the producer's client keeps sending as long as the routers give credit
+    near, far = r1.address_stats("work"), r2.address_stats("work")
+    assert near is not None
+    assert far is not None
+    assert far.deliveries_in <= 5 + TRANSIT_WINDOW, far
+    assert near.deliveries_in <= 5 + TRANSIT_WINDOW + PRODUCER_WINDOW, near
+    consumer.flow(total - 5)
+    rest = [consumer.receive(10) for _ in range(total - 5)]
+    for delivery in [*got, *rest]:
+        consumer.accept(delivery)
+    assert [int(codec.read_body(d.payload)) for d in [*got, *rest]] == list(range(total))
+    assert {f.result(10).outcome for f in sent} == {Outcome.ACCEPTED}
+
+
+def test_a_router_in_the_middle_passes_the_holding_back_on(
+    routers: RouterFleet, clients: list[Client]
+) -> None:
+    """r1 - r2 - r3 in a line: r2 passes r1's deliveries on towards r3 and gives r1 credit back
+    only while its link towards r3 has some, so a stalled consumer on r3 piles up nothing on r2."""
+    r1, r2, r3 = (routers.start(name) for name in ("r1", "r2", "r3"))
+    full = routers.mesh_config(generation=1, addresses=ADDRESSES)
+    neighbours = {"r1": {"r2"}, "r2": {"r1", "r3"}, "r3": {"r2"}}
+    for router in (r1, r2, r3):
+        config = router_pb2.RouterConfig()
+        config.CopyFrom(full)
+        del config.peers[:]
+        config.peers.extend(p for p in full.peers if p.router_id in neighbours[router.router_id])
+        router.apply(config)
+    routers.wait_for_mesh()
+    consumer = _connect(r3, clients).receiver("work", credit=0)
+    consumer.flow(5)
+    _wait_remote(r1, "work", 1)
+    producer = _connect(r1, clients).sender("work")
+    total = PRODUCER_WINDOW + 4 * TRANSIT_WINDOW + 1000  # more than all the windows on the way
+    sent = [producer.send_async(codec.encode_message(str(n).encode())) for n in range(total)]
+    got = [consumer.receive(10) for _ in range(5)]
+    time.sleep(1.0)
+    middle = r2.address_stats("work")
+    assert middle is not None
+    # r3 holds at most its window; r2 its own, plus what it passed on before the link towards
+    # r3 had any credit (it is opened with the first delivery). Nothing like all of them.
+    assert middle.deliveries_in <= 5 + 3 * TRANSIT_WINDOW, middle
+    consumer.flow(total - 5)
+    rest = [consumer.receive(10) for _ in range(total - 5)]
+    for delivery in [*got, *rest]:
+        consumer.accept(delivery)
+    assert [int(codec.read_body(d.payload)) for d in [*got, *rest]] == list(range(total))
+    assert {f.result(10).outcome for f in sent} == {Outcome.ACCEPTED}

@@ -199,6 +199,11 @@ class Router:
             if missing > 0:
                 producer.flow(missing)
             producer.context.unflowed = 0
+        for link in point.transit_in:
+            state = link.context
+            if state.unflowed:
+                link.flow(state.unflowed)
+                state.unflowed = 0
 
     # ------------------------------------------------------------------ client connections
 
@@ -513,6 +518,8 @@ class Router:
         if state.role is CONSUMER and state.point is not None and state.point.waypoint:
             self.broker_links.feed_consumer(link, state)
             return
+        if state.held_back:
+            self.mesh_links.release_held_back(link)
         point = state.point
         if point is not None and point.pending:
             self.drain_pending(point)

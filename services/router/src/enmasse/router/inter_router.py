@@ -177,17 +177,22 @@ class MeshLinks:
         router, target = mesh_target(address)
         if router and target:
             role = TRANSIT_IN if address.startswith(MESH_TO) else MULTICAST_IN
-            link.context = LinkState(
-                role=role, point=self.router.transit_point(target), router=router
-            )
+            point = self.router.transit_point(target)
+            link.context = LinkState(role=role, point=point, router=router)
             link.accept()
             link.flow(TRANSIT_WINDOW)
+            if role is TRANSIT_IN and router == self.router.router_id:
+                point.transit_in.append(link)
             return
         link.refuse(Condition("amqp:not-found", f"no inter-router address '{address}'"))
 
     def link_detached(self, link: Link) -> None:
         state = link.context
         if not isinstance(state, LinkState):
+            return
+        if state.role is TRANSIT_IN and state.point is not None:
+            if link in state.point.transit_in:
+                state.point.transit_in.remove(link)
             return
         if state.role in (TRANSIT_OUT, MULTICAST_OUT):
             neighbor = self._neighbor_of(link.connection)
@@ -224,10 +229,9 @@ class MeshLinks:
         return link
 
     def from_transit(self, link: Link, state: LinkState, delivery: Delivery) -> None:
-        if link.credit < TRANSIT_WINDOW // 2:
-            link.flow(TRANSIT_WINDOW - link.credit)
         point = state.point
         if point is None:
+            link.flow(1)
             self.router.release(None, delivery)
             return
         point.counters.deliveries_in += 1
@@ -236,17 +240,53 @@ class MeshLinks:
                 self.router.route(point, delivery, local_only=True)
             else:
                 self.router.release(point, delivery)
+            self._give_back(link, state, onward=None)
             return
         hop = self.router.mesh.next_hop(state.router)
         onward = self.sender_towards(hop, link.address or "", role=TRANSIT_OUT) if hop else None
         if onward is None:
             self.router.release(point, delivery)
+            link.flow(1)
             return
         if delivery.pre_settled:
             onward.send_settled(delivery.payload)
         else:
             onward.send(delivery.payload, context=delivery)
         onward.connection.context.deliveries_out += 1
+        self._give_back(link, state, onward=onward)
+
+    @staticmethod
+    def _give_back(link: Link, state: LinkState, *, onward: Link | None) -> None:
+        """Gives a neighbour its credit back in batches, as what it sent moves on: here, while
+        nothing waits for a local consumer (`Router.grant_credit` gives the rest when the
+        address's pending queue empties); passing through, while the link onward has credit
+        (`release_held_back` when it gets some). So what a stalled consumer leaves waiting is
+        bounded by the windows all the way back to its producers."""
+        state.unflowed += 1
+        if state.unflowed < TRANSIT_WINDOW // 4:
+            return
+        if onward is None:
+            point = state.point
+            if point is not None and point.pending:
+                return
+        elif onward.credit <= 0:
+            held = onward.context.held_back
+            if link not in held:
+                held.append(link)
+            return
+        link.flow(state.unflowed)
+        state.unflowed = 0
+
+    @staticmethod
+    def release_held_back(onward: Link) -> None:
+        """A link towards a neighbour got credit: the transit links held back for it get theirs."""
+        held = onward.context.held_back
+        while held:
+            link = held.pop()
+            state = link.context
+            if link.is_open and isinstance(state, LinkState) and state.unflowed:
+                link.flow(state.unflowed)
+                state.unflowed = 0
 
     def from_control(self, link: Link, state: LinkState, delivery: Delivery) -> None:
         link.flow(1)

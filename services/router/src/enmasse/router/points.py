@@ -28,7 +28,13 @@ from enmasse.router.stats import AddressCounters
 # msgs/s against 135,000 at 1,000); 1,000 is the broker's window too. What waits for a consumer's
 # credit is bounded by the producers' windows.
 PRODUCER_WINDOW = 1000
-TRANSIT_WINDOW = 1000
+# Credit a neighbour holds on an inter-router link (one per address and destination router,
+# shared by all the producers behind it), given back in quarter windows as deliveries move on,
+# and held back while they wait here for a consumer (or, passing through, for the link onward):
+# so what a stalled consumer makes wait is bounded hop by hop back to the producers. 1,000 left a
+# two-router chain at 0.6 of one router (four busy processes on two cores: each hop must buffer
+# across the others' time slices); 4,000 gave 0.7-0.9 (bench/RESULTS.md, session 5).
+TRANSIT_WINDOW = 4000
 CONTROL_WINDOW = 1000
 REDIAL_SECONDS = (0.1, 0.25, 0.5, 1.0)
 SWEEP_SECONDS = 30.0
@@ -80,6 +86,7 @@ class AddressPoint:
     targets: Balancer[Link] = field(default_factory=Balancer)
     remote: dict[str, Link] = field(default_factory=dict)  # anycast: router -> link towards it
     producers: list[Link] = field(default_factory=list)
+    transit_in: list[Link] = field(default_factory=list)  # neighbours' links that end here
     pending: deque[Delivery] = field(default_factory=deque)
     counters: AddressCounters = field(default_factory=AddressCounters)
     multicast_hops: dict[str, list[str]] = field(default_factory=dict)  # origin -> neighbours
@@ -102,7 +109,8 @@ class LinkState:
     copies: CopyQueue[bytes] | None = None  # multicast out
     durable: bool = False  # waypoint consumer: detach (not close) its broker links on the way out
     deliveries: int = 0
-    unflowed: int = 0  # producer: deliveries taken since credit was last given back
+    unflowed: int = 0  # producer, transit in: deliveries taken since credit was last given back
+    held_back: list[Link] = field(default_factory=list)  # transit out: transit in awaiting credit
 
 
 @dataclass(eq=False)
