@@ -542,7 +542,10 @@ class Router:
         carried: Delivery | None = delivery.context
         if point is not None:
             point.targets.settled(link)
-            point.counters.count_outcome(_OUTCOME_NAMES.get(outcome, "released"))
+            if outcome is OUTCOME_ACCEPTED:
+                point.counters.accepted += 1
+            else:
+                point.counters.count_outcome(_OUTCOME_NAMES.get(outcome, "released"))
         if carried is not None:
             if outcome is OUTCOME_ACCEPTED:
                 carried.settle(outcome)
