@@ -15,6 +15,8 @@ import pytest
 from enmasse.common.amqp import codec
 from enmasse.common.amqp.client import AmqpError, Client
 from enmasse.common.amqp.engine import Condition, Delivery, Outcome
+from enmasse.router.points import PRODUCER_BYTES, PRODUCER_WINDOW
+from enmasse.v1 import router_pb2
 
 from tests.fixtures.router import RouterFleet, RouterProcess
 
@@ -300,3 +302,69 @@ def test_anonymous_relay_routes_by_to_and_rejects_what_it_cannot(
     assert garbage.error.description == (
         "cannot read the message's 'to': value at offset 6 runs past the end of the message"
     )
+
+
+def test_an_anonymous_sender_too_waits_once_its_window_waits_here(
+    router: RouterProcess, client: Callable[[], Client]
+) -> None:
+    receiver = client().receiver("work", credit=0)  # takes 5, then stalls
+    receiver.flow(5)
+    anonymous = client().sender(None)
+    total = PRODUCER_WINDOW + 500
+    sent = [
+        anonymous.send_async(codec.encode_message(str(n).encode(), to="work")) for n in range(total)
+    ]
+    got = [receiver.receive(10) for _ in range(5)]
+    time.sleep(1.0)  # the sender's client sends on as long as the router gives credit back
+    stats = router.address_stats("work")
+    assert stats is not None
+    assert stats.deliveries_in <= 5 + PRODUCER_WINDOW, stats
+    receiver.flow(total - 5)
+    rest = [receiver.receive(10) for _ in range(total - 5)]
+    for delivery in [*got, *rest]:
+        receiver.accept(delivery)
+    assert [_number(d.payload) for d in [*got, *rest]] == list(range(total))
+    assert {f.result(10).outcome for f in sent} == {Outcome.ACCEPTED}
+
+
+def test_with_a_max_message_size_a_producer_of_big_messages_gets_a_smaller_window(
+    routers: RouterFleet, router: RouterProcess, client: Callable[[], Client]
+) -> None:
+    limits = router_pb2.RouterLimits(max_message_size=2 << 20)
+    router.apply(routers.mesh_config(generation=2, addresses={"work": "anycast"}, limits=limits))
+    receiver = client().receiver("work", credit=0)
+    producer_side = client()
+    producer = producer_side.sender("work")
+    credit = producer_side._call(lambda: producer.link.credit)  # type: ignore[union-attr]
+    assert credit == PRODUCER_BYTES // (2 << 20) == 8
+    big = [codec.encode_message(bytes([n]) * (1 << 20)) for n in range(20)]
+    sent = [producer.send_async(payload) for payload in big]
+    time.sleep(1.0)
+    stats = router.address_stats("work")
+    assert stats is not None
+    assert stats.deliveries_in == 8, stats  # 8 MB wait here, the other 12 at the producer
+    receiver.flow(20)
+    got = [receiver.receive(10) for _ in range(20)]
+    for delivery in got:
+        receiver.accept(delivery)
+    assert [d.payload for d in got] == big
+    assert {f.result(10).outcome for f in sent} == {Outcome.ACCEPTED}
+
+
+def test_a_producer_of_large_messages_gets_its_window_cut_to_the_byte_budget(
+    router: RouterProcess, client: Callable[[], Client]
+) -> None:
+    receiver = client().receiver("work", credit=0)
+    producer_side = client()
+    producer = producer_side.sender("work")
+    assert producer_side._call(lambda: producer.link.credit) == PRODUCER_WINDOW  # type: ignore[union-attr]
+    total = PRODUCER_WINDOW + 500
+    payload = codec.encode_message(b"x" * (64 << 10))
+    receiver.flow(total)
+    sent = [producer.send_async(payload) for _ in range(total)]
+    for _ in range(total):
+        receiver.accept(receiver.receive(10))
+    assert {f.result(10).outcome for f in sent} == {Outcome.ACCEPTED}
+    # Sizes seen: 16 MB of 64 kB messages is 255 of them (each a few bytes over 64 kB).
+    credit = producer_side._call(lambda: producer.link.credit)  # type: ignore[union-attr]
+    assert 0 <= credit <= PRODUCER_BYTES // len(payload) == 255

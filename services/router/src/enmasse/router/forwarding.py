@@ -43,6 +43,7 @@ from enmasse.common.amqp import codec
 from enmasse.common.amqp.engine import Condition, Connection, Delivery, Engine, Link, Outcome
 from enmasse.common.amqp.message_trace import MARK, flagged_unsampled
 from enmasse.common.amqp.wire import OUTCOME_ACCEPTED, OUTCOME_NONE
+from enmasse.router import windows
 from enmasse.router.addressing import (
     DYNAMIC,
     ReplyAddresses,
@@ -68,6 +69,7 @@ from enmasse.router.points import (
     MULTICAST_IN,
     MULTICAST_OUT,
     PRODUCER,
+    PRODUCER_BYTES,
     PRODUCER_WINDOW,
     SWEEP_SECONDS,
     TRANSIT_IN,
@@ -79,6 +81,7 @@ from enmasse.router.points import (
     LinkState,
 )
 from enmasse.router.waypoints import BrokerLinks
+from enmasse.router.windows import refill
 from enmasse.v1 import router_pb2
 
 log = structlog.get_logger("enmasse.router")
@@ -194,16 +197,12 @@ class Router:
     def grant_credit(self, point: AddressPoint) -> None:
         if not self._reachable(point) or point.pending:
             return
-        for producer in point.producers:
-            missing = PRODUCER_WINDOW - producer.credit
-            if missing > 0:
-                producer.flow(missing)
-            producer.context.unflowed = 0
-        for link in point.transit_in:
-            state = link.context
-            if state.unflowed:
-                link.flow(state.unflowed)
-                state.unflowed = 0
+        for link in [*point.producers, *point.transit_in]:
+            refill(link, link.context)
+        owed, point.anonymous_owed = point.anonymous_owed, []
+        for link in owed:
+            if link.is_open:
+                link.flow(1)
 
     # ------------------------------------------------------------------ client connections
 
@@ -253,7 +252,7 @@ class Router:
         if link.address is None:
             link.context = LinkState(role=PRODUCER)
             link.accept()
-            link.flow(PRODUCER_WINDOW)
+            link.flow(self.first_window(PRODUCER_WINDOW, PRODUCER_BYTES))
             return
         try:
             resolution = resolve(link.address, config=self.config)
@@ -265,10 +264,17 @@ class Router:
             link.refuse(Condition("amqp:not-allowed", refusal))
             return
         point = self._point(resolution)
-        link.context = LinkState(role=PRODUCER, point=point)
+        link.context = LinkState(
+            role=PRODUCER, point=point, window=self.first_window(PRODUCER_WINDOW, PRODUCER_BYTES)
+        )
         link.accept()
         point.producers.append(link)
         self.grant_credit(point)
+
+    def first_window(self, messages: int, budget: int) -> int:
+        return windows.first_window(
+            messages=messages, budget=budget, max_message_size=self._max_message_size
+        )
 
     def _attach_consumer(self, link: Link) -> None:
         if link.source.dynamic:
@@ -385,7 +391,7 @@ class Router:
             if state.point is None:
                 link.flow(1)
             else:
-                self._top_up(link, state)
+                self._top_up(link, state, 0)  # refused: it weighs nothing here
             return
         point = state.point
         if point is None:
@@ -396,10 +402,20 @@ class Router:
             self._fan_out(point, delivery, origin=self.router_id)
         else:
             self.route(point, delivery)
-        self._top_up(link, state)
+        self._top_up(link, state, len(delivery.payload))
 
     def _from_anonymous(self, link: Link, delivery: Delivery) -> None:
-        link.flow(1)
+        """A message with its address in `to`. Its credit comes back at once, unless it waits
+        for a consumer: then when the wait ends (`grant_credit`), so that an anonymous sender
+        too has at most its window waiting here."""
+        waits_at = self._route_anonymous(delivery)
+        if waits_at is None:
+            link.flow(1)
+        else:
+            waits_at.anonymous_owed.append(link)
+
+    def _route_anonymous(self, delivery: Delivery) -> AddressPoint | None:
+        """Routes by `to` (or refuses); the address point where the delivery now waits, if so."""
         try:
             to = delivery.to
         except codec.CodecError as error:
@@ -407,7 +423,7 @@ class Router:
                 Outcome.REJECTED,
                 error=Condition("amqp:decode-error", f"cannot read the message's 'to': {error}"),
             )
-            return
+            return None
         if not to:
             delivery.settle(
                 Outcome.REJECTED,
@@ -416,16 +432,16 @@ class Router:
                     "a message on an anonymous link needs a 'to' address",
                 ),
             )
-            return
+            return None
         try:
             resolution = resolve(to, config=self.config)
         except UnknownAddress as error:
             delivery.settle(Outcome.REJECTED, error=Condition("amqp:not-found", str(error)))
-            return
+            return None
         refusal = resolution.refuses_producers
         if refusal is not None:
             delivery.settle(Outcome.REJECTED, error=Condition("amqp:not-allowed", refusal))
-            return
+            return None
         point = self._point(resolution)
         point.counters.deliveries_in += 1
         if point.kind == MULTICAST:
@@ -435,18 +451,21 @@ class Router:
             delivery.settle(Outcome.RELEASED)
         else:
             self.route(point, delivery)
+            if point.pending and point.pending[-1] is delivery:
+                return point
+        return None
 
-    def _top_up(self, link: Link, state: LinkState) -> None:
-        """Gives back, in batches, the credit of deliveries that moved on (counted, not asked:
-        reading a link's credit is a call into proton, too dear for every message)."""
+    def _top_up(self, link: Link, state: LinkState, size: int) -> None:
+        """Gives back, in half windows, the credit of deliveries that moved on (counted, not
+        asked: reading a link's credit is a call into proton, too dear for every message)."""
         state.unflowed += 1
-        if state.unflowed < PRODUCER_WINDOW // 2:
+        state.unflowed_bytes += size
+        if state.unflowed < state.window // 2:
             return
         point = state.point
         if point is None or point.pending or not self._reachable(point):
             return
-        link.flow(state.unflowed)
-        state.unflowed = 0
+        refill(link, state)
 
     # ------------------------------------------------------------------ anycast and waypoints
 

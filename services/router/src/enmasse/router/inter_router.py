@@ -41,6 +41,7 @@ from enmasse.router.points import (
     MULTICAST_IN,
     MULTICAST_OUT,
     REDIAL_SECONDS,
+    TRANSIT_BYTES,
     TRANSIT_IN,
     TRANSIT_OUT,
     TRANSIT_WINDOW,
@@ -49,6 +50,7 @@ from enmasse.router.points import (
     Role,
     mesh_target,
 )
+from enmasse.router.windows import refill
 
 if TYPE_CHECKING:
     from enmasse.router.forwarding import Router
@@ -178,9 +180,10 @@ class MeshLinks:
         if router and target:
             role = TRANSIT_IN if address.startswith(MESH_TO) else MULTICAST_IN
             point = self.router.transit_point(target)
-            link.context = LinkState(role=role, point=point, router=router)
+            window = self.router.first_window(TRANSIT_WINDOW, TRANSIT_BYTES)
+            link.context = LinkState(role=role, point=point, router=router, window=window)
             link.accept()
-            link.flow(TRANSIT_WINDOW)
+            link.flow(window)
             if role is TRANSIT_IN and router == self.router.router_id:
                 point.transit_in.append(link)
             return
@@ -240,7 +243,7 @@ class MeshLinks:
                 self.router.route(point, delivery, local_only=True)
             else:
                 self.router.release(point, delivery)
-            self._give_back(link, state, onward=None)
+            self._give_back(link, state, len(delivery.payload), onward=None)
             return
         hop = self.router.mesh.next_hop(state.router)
         onward = self.sender_towards(hop, link.address or "", role=TRANSIT_OUT) if hop else None
@@ -253,17 +256,18 @@ class MeshLinks:
         else:
             onward.send(delivery.payload, context=delivery)
         onward.connection.context.deliveries_out += 1
-        self._give_back(link, state, onward=onward)
+        self._give_back(link, state, len(delivery.payload), onward=onward)
 
     @staticmethod
-    def _give_back(link: Link, state: LinkState, *, onward: Link | None) -> None:
-        """Gives a neighbour its credit back in batches, as what it sent moves on: here, while
-        nothing waits for a local consumer (`Router.grant_credit` gives the rest when the
+    def _give_back(link: Link, state: LinkState, size: int, *, onward: Link | None) -> None:
+        """Gives a neighbour its credit back in quarter windows, as what it sent moves on: here,
+        while nothing waits for a local consumer (`Router.grant_credit` gives the rest when the
         address's pending queue empties); passing through, while the link onward has credit
         (`release_held_back` when it gets some). So what a stalled consumer leaves waiting is
         bounded by the windows all the way back to its producers."""
         state.unflowed += 1
-        if state.unflowed < TRANSIT_WINDOW // 4:
+        state.unflowed_bytes += size
+        if state.unflowed < state.window // 4:
             return
         if onward is None:
             point = state.point
@@ -274,8 +278,7 @@ class MeshLinks:
             if link not in held:
                 held.append(link)
             return
-        link.flow(state.unflowed)
-        state.unflowed = 0
+        refill(link, state)
 
     @staticmethod
     def release_held_back(onward: Link) -> None:
@@ -283,10 +286,8 @@ class MeshLinks:
         held = onward.context.held_back
         while held:
             link = held.pop()
-            state = link.context
-            if link.is_open and isinstance(state, LinkState) and state.unflowed:
-                link.flow(state.unflowed)
-                state.unflowed = 0
+            if link.is_open and isinstance(link.context, LinkState):
+                refill(link, link.context)
 
     def from_control(self, link: Link, state: LinkState, delivery: Delivery) -> None:
         link.flow(1)

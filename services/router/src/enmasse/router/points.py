@@ -35,6 +35,10 @@ PRODUCER_WINDOW = 1000
 # two-router chain at 0.6 of one router (four busy processes on two cores: each hop must buffer
 # across the others' time slices); 4,000 gave 0.7-0.9 (bench/RESULTS.md, session 5).
 TRANSIT_WINDOW = 4000
+# What one sender's window may hold in bytes, once its message sizes are known (`windows.py`):
+# 1,000 messages up to 16 kB each, 4,000 up to 16 kB on a transit link; larger ones get fewer.
+PRODUCER_BYTES = 16 * 1024 * 1024
+TRANSIT_BYTES = 64 * 1024 * 1024
 CONTROL_WINDOW = 1000
 REDIAL_SECONDS = (0.1, 0.25, 0.5, 1.0)
 SWEEP_SECONDS = 30.0
@@ -87,6 +91,7 @@ class AddressPoint:
     remote: dict[str, Link] = field(default_factory=dict)  # anycast: router -> link towards it
     producers: list[Link] = field(default_factory=list)
     transit_in: list[Link] = field(default_factory=list)  # neighbours' links that end here
+    anonymous_owed: list[Link] = field(default_factory=list)  # a credit each, once nothing waits
     pending: deque[Delivery] = field(default_factory=deque)
     counters: AddressCounters = field(default_factory=AddressCounters)
     multicast_hops: dict[str, list[str]] = field(default_factory=dict)  # origin -> neighbours
@@ -110,6 +115,8 @@ class LinkState:
     durable: bool = False  # waypoint consumer: detach (not close) its broker links on the way out
     deliveries: int = 0
     unflowed: int = 0  # producer, transit in: deliveries taken since credit was last given back
+    unflowed_bytes: int = 0  # ... and what they weighed
+    window: int = 0  # producer, transit in: the credit it holds when topped up (`windows.py`)
     held_back: list[Link] = field(default_factory=list)  # transit out: transit in awaiting credit
 
 
