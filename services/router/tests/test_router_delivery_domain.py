@@ -89,14 +89,28 @@ def test_removing_a_target_keeps_rotation_sane() -> None:
 
 
 def test_copy_queue_holds_then_drops_the_oldest_and_counts() -> None:
-    queue: CopyQueue[int] = CopyQueue(limit=3)
-    assert queue.offer(1, credit=1) == [1]
+    queue: CopyQueue[bytes] = CopyQueue(limit=3)
+    assert queue.offer(b"1", credit=1) == [b"1"]
     for n in range(2, 7):
-        assert queue.offer(n, credit=0) == []
+        assert queue.offer(str(n).encode(), credit=0) == []
     assert queue.dropped == 2
-    assert queue.take(credit=2) == [4, 5]
-    assert queue.offer(7, credit=5) == [6, 7]
+    assert queue.take(credit=2) == [b"4", b"5"]
+    assert queue.offer(b"7", credit=5) == [b"6", b"7"]
     assert len(queue) == 0
+
+
+def test_copy_queue_holds_at_most_its_bytes_but_always_the_newest_copy() -> None:
+    queue: CopyQueue[bytes] = CopyQueue(limit=10, max_bytes=100)
+    for n in range(4):
+        assert queue.offer(bytes([n]) * 40, credit=0) == []
+    assert (len(queue), queue.dropped) == (2, 2)  # 80 bytes held: a third copy would be 120
+    assert queue.offer(b"x" * 150, credit=0) == []
+    assert (len(queue), queue.dropped) == (1, 4)  # alone over the limit, but kept
+    assert queue.take(credit=3) == [b"x" * 150]
+    assert queue.offer(b"y" * 60, credit=0) == []
+    assert queue.offer(b"z" * 30, credit=0) == []
+    assert queue.take(credit=3) == [b"y" * 60, b"z" * 30]  # 90 bytes: nothing dropped
+    assert queue.dropped == 4
 
 
 def test_dynamic_addresses_name_their_router_and_are_unique() -> None:
