@@ -8,10 +8,11 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 
 import pytest
 from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import AmqpError, Client
+from enmasse.common.amqp.client import AmqpError, Client, Receiver
 from enmasse.common.amqp.engine import Condition, Delivery, Outcome, Terminus
 from enmasse.router.points import PRODUCER_WINDOW, TRANSIT_WINDOW
 from enmasse.v1 import router_pb2
@@ -51,6 +52,34 @@ def _wait_remote(router: RouterProcess, address: str, count: int) -> None:
             return
         assert time.monotonic() < deadline, f"{address}: {stats}"
         time.sleep(0.02)
+
+
+def _send_to_a_stalled_consumer(
+    near: RouterProcess, far: RouterProcess, clients: list[Client], *, total: int
+) -> tuple[Receiver, list[Future[Delivery]], list[Delivery]]:
+    """A consumer on `far` takes 5 messages and stalls; a producer on `near` sends `total`.
+    Returns once the producer's client has had a second to send on as far as credit allows."""
+    consumer = _connect(far, clients).receiver("work", credit=0)
+    consumer.flow(5)
+    _wait_remote(near, "work", 1)
+    producer = _connect(near, clients).sender("work")
+    sent = [producer.send_async(codec.encode_message(str(n).encode())) for n in range(total)]
+    got = [consumer.receive(10) for _ in range(5)]
+    time.sleep(1.0)  # the producer's client keeps sending as long as the routers give credit
+    return consumer, sent, got
+
+
+def _release_the_stalled_consumer(
+    consumer: Receiver, sent: list[Future[Delivery]], got: list[Delivery]
+) -> None:
+    """The consumer takes the rest: every message arrives, in order, and every one was accepted."""
+    total = len(sent)
+    consumer.flow(total - len(got))
+    rest = [consumer.receive(10) for _ in range(total - len(got))]
+    for delivery in [*got, *rest]:
+        consumer.accept(delivery)
+    assert [int(codec.read_body(d.payload)) for d in [*got, *rest]] == list(range(total))
+    assert {f.result(10).outcome for f in sent} == {Outcome.ACCEPTED}
 
 
 def test_anycast_and_its_outcome_cross_routers(
@@ -288,25 +317,14 @@ def test_a_stalled_consumer_behind_another_router_holds_back_the_producer(
     the near one no more credit while deliveries wait for its consumer, so the near router
     stops topping up the producer, and the producer waits (nothing piles up, nothing is lost)."""
     r1, r2 = pair
-    consumer = _connect(r2, clients).receiver("work", credit=0)  # takes 5, then stalls
-    consumer.flow(5)
-    _wait_remote(r1, "work", 1)
-    producer = _connect(r1, clients).sender("work")
     total = PRODUCER_WINDOW + 2 * TRANSIT_WINDOW + 1000  # more than all the windows on the way
-    sent = [producer.send_async(codec.encode_message(str(n).encode())) for n in range(total)]
-    got = [consumer.receive(10) for _ in range(5)]
-    time.sleep(1.0)  # the producer's client keeps sending as long as the routers give credit
+    consumer, sent, got = _send_to_a_stalled_consumer(r1, r2, clients, total=total)
     near, far = r1.address_stats("work"), r2.address_stats("work")
     assert near is not None
     assert far is not None
     assert far.deliveries_in <= 5 + TRANSIT_WINDOW, far
     assert near.deliveries_in <= 5 + TRANSIT_WINDOW + PRODUCER_WINDOW, near
-    consumer.flow(total - 5)
-    rest = [consumer.receive(10) for _ in range(total - 5)]
-    for delivery in [*got, *rest]:
-        consumer.accept(delivery)
-    assert [int(codec.read_body(d.payload)) for d in [*got, *rest]] == list(range(total))
-    assert {f.result(10).outcome for f in sent} == {Outcome.ACCEPTED}
+    _release_the_stalled_consumer(consumer, sent, got)
 
 
 def test_a_router_in_the_middle_passes_the_holding_back_on(
@@ -324,22 +342,11 @@ def test_a_router_in_the_middle_passes_the_holding_back_on(
         config.peers.extend(p for p in full.peers if p.router_id in neighbours[router.router_id])
         router.apply(config)
     routers.wait_for_mesh()
-    consumer = _connect(r3, clients).receiver("work", credit=0)
-    consumer.flow(5)
-    _wait_remote(r1, "work", 1)
-    producer = _connect(r1, clients).sender("work")
     total = PRODUCER_WINDOW + 4 * TRANSIT_WINDOW + 1000  # more than all the windows on the way
-    sent = [producer.send_async(codec.encode_message(str(n).encode())) for n in range(total)]
-    got = [consumer.receive(10) for _ in range(5)]
-    time.sleep(1.0)
+    consumer, sent, got = _send_to_a_stalled_consumer(r1, r3, clients, total=total)
     middle = r2.address_stats("work")
     assert middle is not None
     # r3 holds at most its window; r2 its own, plus what it passed on before the link towards
     # r3 had any credit (it is opened with the first delivery). Nothing like all of them.
     assert middle.deliveries_in <= 5 + 3 * TRANSIT_WINDOW, middle
-    consumer.flow(total - 5)
-    rest = [consumer.receive(10) for _ in range(total - 5)]
-    for delivery in [*got, *rest]:
-        consumer.accept(delivery)
-    assert [int(codec.read_body(d.payload)) for d in [*got, *rest]] == list(range(total))
-    assert {f.result(10).outcome for f in sent} == {Outcome.ACCEPTED}
+    _release_the_stalled_consumer(consumer, sent, got)

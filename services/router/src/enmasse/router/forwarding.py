@@ -74,7 +74,6 @@ from enmasse.router.points import (
     SWEEP_SECONDS,
     TRANSIT_IN,
     TRANSIT_OUT,
-    TRANSIT_WINDOW,
     AddressPoint,
     ConnectionRecord,
     ConnectionRole,
@@ -653,8 +652,8 @@ class Router:
         link.connection.context.deliveries_out += 1
 
     def _from_multicast(self, link: Link, state: LinkState, delivery: Delivery) -> None:
-        if link.credit < TRANSIT_WINDOW // 2:
-            link.flow(TRANSIT_WINDOW - link.credit)
+        if link.credit < state.window // 2:  # kept topped up: slow consumers' copies are dropped
+            link.flow(state.window - link.credit)
         point = state.point
         if point is None:
             return

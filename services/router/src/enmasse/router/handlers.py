@@ -18,9 +18,7 @@ from enmasse.common.amqp.engine import (
     Condition,
     Connection,
     ConnectionHandler,
-    Delivery,
     Link,
-    Outcome,
 )
 from enmasse.router.forwarding import Router
 from enmasse.router.points import ConnectionRole
@@ -36,12 +34,6 @@ class _Deliveries(ConnectionHandler):
         # of our own would be one Python call more per delivery and per outcome.
         self.on_message = router.message  # type: ignore[method-assign]
         self.on_outcome = router.outcome  # type: ignore[method-assign]
-
-    def on_message(self, link: Link, delivery: Delivery) -> None:
-        self.router.message(link, delivery)
-
-    def on_outcome(self, link: Link, delivery: Delivery, outcome: Outcome) -> None:
-        self.router.outcome(link, delivery, outcome)
 
     def on_link_credit(self, link: Link) -> None:
         self.router.credit(link)
