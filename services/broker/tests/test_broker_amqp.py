@@ -310,17 +310,30 @@ def test_shared_durable_subscription_is_one_queue_for_several_connections(
     broker.ensure_topic("prices")
     shared = Terminus(address="prices", durable=2, expiry_policy="never", capabilities=("shared",))
     with client(broker, container_id="a") as a, client(broker, container_id="b") as b:
-        first = a.receiver("prices", name="ticker|global", source=shared, credit=1)
-        second = b.receiver("prices", name="ticker|global", source=shared, credit=1)
+        # Credit is granted by hand, one connection after the other: which consumer the broker
+        # picks when both have credit depends on when each flow frame arrives.
+        first = a.receiver("prices", name="ticker|global", source=shared, credit=0)
+        second = b.receiver("prices", name="ticker|global", source=shared, credit=0)
         sender = a.sender("prices")
         for i in range(4):
             sender.send(message(f"p{i}"))
-        got = []
-        for receiver in (first, second, first, second):
-            delivery = receiver.receive()
-            got.append(body(delivery.payload))
-            receiver.accept(delivery)
-        assert sorted(got) == ["p0", "p1", "p2", "p3"]
+        first.flow(2)
+        taken_first = [first.receive(), first.receive()]
+        second.flow(2)
+        taken_second = [second.receive(), second.receive()]
+        for delivery in taken_first:
+            first.accept(delivery)
+        for delivery in taken_second:
+            second.accept(delivery)
+        # One queue: what the first connection took is gone for the second (two queues would
+        # have given the second p0 and p1 as well).
+        assert [body(d.payload) for d in taken_first] == ["p0", "p1"]
+        assert [body(d.payload) for d in taken_second] == ["p2", "p3"]
+        first.flow(10)
+        second.flow(10)
+        for receiver in (first, second):
+            with pytest.raises(TimeoutError):
+                receiver.receive(timeout=0.3)
         listed = broker.addresses()
         assert listed["prices::ticker"].durable
         assert listed["prices::ticker"].consumers == 2
