@@ -54,6 +54,18 @@ def _wait_remote(router: RouterProcess, address: str, count: int) -> None:
         time.sleep(0.02)
 
 
+def _wait_all_settled(router: RouterProcess, address: str) -> None:
+    """Until no link of `router` on `address` has a delivery its peer has not settled."""
+    deadline = time.monotonic() + 10
+    while True:
+        links = router.admin().ListLinks(router_pb2.ListLinksRequest(), timeout=10).links
+        unsettled = sum(link.unsettled for link in links if link.address == address)
+        if unsettled == 0:
+            return
+        assert time.monotonic() < deadline, f"{address}: {unsettled} unsettled"
+        time.sleep(0.05)
+
+
 def _send_to_a_stalled_consumer(
     near: RouterProcess, far: RouterProcess, clients: list[Client], *, total: int
 ) -> tuple[Receiver, list[Future[Delivery]], list[Delivery]]:
@@ -350,3 +362,43 @@ def test_a_router_in_the_middle_passes_the_holding_back_on(
     # r3 had any credit (it is opened with the first delivery). Nothing like all of them.
     assert middle.deliveries_in <= 5 + 3 * TRANSIT_WINDOW, middle
     _release_the_stalled_consumer(consumer, sent, got)
+
+
+@pytest.mark.parametrize("between", ["deleted", "made multicast", "deleted while 6,000 wait"])
+def test_an_address_defined_again_carries_messages_across_routers_again(
+    routers: RouterFleet,
+    pair: tuple[RouterProcess, RouterProcess],
+    clients: list[Client],
+    between: str,
+) -> None:
+    """A neighbour's link for the address outlives the address; what arrives on it after the
+    address is defined again goes to the new address, not the retired one, and credit the
+    retired one held back (6,000 waiting exhaust the link's window) is given back."""
+    r1, r2 = pair
+    if between == "deleted while 6,000 wait":
+        _, sent, _ = _send_to_a_stalled_consumer(r1, r2, clients, total=6000)
+    else:
+        consumer = _connect(r2, clients).receiver("work", credit=10)
+        _wait_remote(r1, "work", 1)
+        producer = _connect(r1, clients).sender("work")
+        sent = [producer.send_async(codec.encode_message(b"before"))]
+        consumer.accept(consumer.receive(10))
+    changed = dict(ADDRESSES)
+    if between == "made multicast":
+        changed["work"] = "multicast"
+    else:
+        del changed["work"]
+    routers.apply_all(routers.mesh_config(generation=2, addresses=changed))
+    for before in sent:
+        before.exception(10)  # each one ends: accepted, or failed with the producer's link
+    _wait_all_settled(r1, "_mesh/to/r2/work")  # what waited on r2 went back to r1
+    routers.apply_all(routers.mesh_config(generation=3, addresses=ADDRESSES))
+    consumer = _connect(r2, clients).receiver("work", credit=10)
+    _wait_remote(r1, "work", 1)
+    producer = _connect(r1, clients).sender("work")
+    after = [producer.send_async(codec.encode_message(f"after {n}".encode())) for n in range(3)]
+    got = [consumer.receive(10) for _ in range(3)]
+    for delivery in got:
+        consumer.accept(delivery)
+    assert [codec.read_body(d.payload) for d in got] == [b"after 0", b"after 1", b"after 2"]
+    assert [f.result(10).outcome for f in after] == [Outcome.ACCEPTED] * 3

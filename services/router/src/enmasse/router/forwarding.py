@@ -160,10 +160,15 @@ class Router:
                 self.broker_links.sync_targets(point)
 
     def _close_point(self, point: AddressPoint, error: Condition) -> None:
-        """Closes every client link of the address; its next attach starts afresh."""
+        """Closes every client link of the address; its next attach starts afresh. What waited
+        for a consumer goes back to its senders, and the neighbours' links to the address are
+        bound again by what they carry next, so the address defined again works across the mesh."""
         for link in [*point.local, *point.producers]:
             link.close(error)
         self.points.pop(point.address, None)
+        while point.pending:
+            self.release(point, point.pending.popleft())
+        self.mesh_links.unbind(point)
 
     # ------------------------------------------------------------------ points
 
@@ -656,7 +661,7 @@ class Router:
             link.flow(state.window - link.credit)
         point = state.point
         if point is None:
-            return
+            point = self.mesh_links.bind(link, state)
         point.counters.deliveries_in += 1
         self._fan_out(point, delivery, origin=state.router)
 

@@ -45,6 +45,7 @@ from enmasse.router.points import (
     TRANSIT_IN,
     TRANSIT_OUT,
     TRANSIT_WINDOW,
+    AddressPoint,
     ConnectionRole,
     LinkState,
     Role,
@@ -179,15 +180,39 @@ class MeshLinks:
         router, target = mesh_target(address)
         if router and target:
             role = TRANSIT_IN if address.startswith(MESH_TO) else MULTICAST_IN
-            point = self.router.transit_point(target)
             window = self.router.first_window(TRANSIT_WINDOW, TRANSIT_BYTES)
-            link.context = LinkState(role=role, point=point, router=router, window=window)
+            link.context = LinkState(role=role, router=router, window=window)
+            self.bind(link, link.context)
             link.accept()
             link.flow(window)
-            if role is TRANSIT_IN and router == self.router.router_id:
-                point.transit_in.append(link)
             return
         link.refuse(Condition("amqp:not-found", f"no inter-router address '{address}'"))
+
+    def bind(self, link: Link, state: LinkState) -> AddressPoint:
+        """Binds a neighbour's link to the point of the address it is named after."""
+        point = self.router.transit_point(mesh_target(link.address or "")[1])
+        state.point = point
+        if state.role is TRANSIT_IN and state.router == self.router.router_id:
+            point.transit_in.append(link)
+        return point
+
+    def unbind(self, retired: AddressPoint) -> None:
+        """An address point was retired (its address deleted, or its type changed): the
+        neighbours' links that delivered to it get their withheld credit back and are bound
+        afresh by what they send next (`bind`), to the address's point of that moment.
+
+        Their links outlive the point: they are named after the address, not after a
+        configuration, so a neighbour goes on sending on them once the address is back."""
+        for neighbor in self.neighbors.values():
+            for link in neighbor.connection.links:
+                state = link.context
+                if not isinstance(state, LinkState) or state.point is not retired:
+                    continue
+                if state.role is TRANSIT_IN:
+                    state.point = None
+                    refill(link, state)
+                elif state.role is MULTICAST_IN:
+                    state.point = None
 
     def link_detached(self, link: Link) -> None:
         state = link.context
@@ -234,9 +259,7 @@ class MeshLinks:
     def from_transit(self, link: Link, state: LinkState, delivery: Delivery) -> None:
         point = state.point
         if point is None:
-            link.flow(1)
-            self.router.release(None, delivery)
-            return
+            point = self.bind(link, state)
         point.counters.deliveries_in += 1
         if state.router == self.router.router_id:
             if point.local:
