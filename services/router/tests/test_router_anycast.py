@@ -327,6 +327,33 @@ def test_an_anonymous_sender_too_waits_once_its_window_waits_here(
     assert {f.result(10).outcome for f in sent} == {Outcome.ACCEPTED}
 
 
+def test_an_anonymous_senders_credit_comes_back_when_the_address_it_waited_for_is_deleted(
+    routers: RouterFleet, router: RouterProcess, client: Callable[[], Client]
+) -> None:
+    client().receiver("work", credit=0)  # a consumer that never takes: what is sent waits
+    anonymous = client().sender(None)
+    waiting = [
+        anonymous.send_async(codec.encode_message(str(n).encode(), to="work"))
+        for n in range(PRODUCER_WINDOW)
+    ]
+    wait_until = time.monotonic() + 10
+    while (router.address_stats("work") or router_pb2.AddressStats()).deliveries_in < len(waiting):
+        assert time.monotonic() < wait_until, "the window never reached the router"
+        time.sleep(0.05)
+    router.apply(routers.mesh_config(generation=2, addresses={"other": "anycast"}))
+    assert {f.result(10).outcome for f in waiting} == {Outcome.RELEASED}
+    router.apply(routers.mesh_config(generation=3, addresses={"work": "anycast"}))
+    receiver = client().receiver("work", credit=10)
+    later = [
+        anonymous.send_async(codec.encode_message(str(n).encode(), to="work")) for n in range(3)
+    ]
+    got = [receiver.receive(10) for _ in range(3)]
+    for delivery in got:
+        receiver.accept(delivery)
+    assert [_number(d.payload) for d in got] == [0, 1, 2]
+    assert {f.result(10).outcome for f in later} == {Outcome.ACCEPTED}
+
+
 def test_with_a_max_message_size_a_producer_of_big_messages_gets_a_smaller_window(
     routers: RouterFleet, router: RouterProcess, client: Callable[[], Client]
 ) -> None:

@@ -161,13 +161,15 @@ class Router:
 
     def _close_point(self, point: AddressPoint, error: Condition) -> None:
         """Closes every client link of the address; its next attach starts afresh. What waited
-        for a consumer goes back to its senders, and the neighbours' links to the address are
-        bound again by what they carry next, so the address defined again works across the mesh."""
+        for a consumer goes back to its senders, with the credit held back for it, and the
+        neighbours' links to the address are bound again by what they carry next, so the address
+        defined again works across the mesh."""
         for link in [*point.local, *point.producers]:
             link.close(error)
         self.points.pop(point.address, None)
         while point.pending:
             self.release(point, point.pending.popleft())
+        self._give_back_held(point)
         self.mesh_links.unbind(point)
 
     # ------------------------------------------------------------------ points
@@ -201,7 +203,15 @@ class Router:
     def grant_credit(self, point: AddressPoint) -> None:
         if not self._reachable(point) or point.pending:
             return
-        for link in [*point.producers, *point.transit_in]:
+        for link in point.producers:
+            refill(link, link.context)
+        self._give_back_held(point)
+
+    @staticmethod
+    def _give_back_held(point: AddressPoint) -> None:
+        """The credit held back while deliveries waited at the point, from senders that are not
+        its own producers: neighbours' transit links and anonymous senders."""
+        for link in point.transit_in:
             refill(link, link.context)
         owed, point.anonymous_owed = point.anonymous_owed, []
         for link in owed:

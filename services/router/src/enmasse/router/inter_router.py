@@ -198,20 +198,19 @@ class MeshLinks:
 
     def unbind(self, retired: AddressPoint) -> None:
         """An address point was retired (its address deleted, or its type changed): the
-        neighbours' links that delivered to it get their withheld credit back and are bound
-        afresh by what they send next (`bind`), to the address's point of that moment.
+        neighbours' links that delivered to it are bound afresh by what they send next
+        (`bind`), to the address's point of that moment.
 
         Their links outlive the point: they are named after the address, not after a
         configuration, so a neighbour goes on sending on them once the address is back."""
         for neighbor in self.neighbors.values():
             for link in neighbor.connection.links:
                 state = link.context
-                if not isinstance(state, LinkState) or state.point is not retired:
-                    continue
-                if state.role is TRANSIT_IN:
-                    state.point = None
-                    refill(link, state)
-                elif state.role is MULTICAST_IN:
+                if (
+                    isinstance(state, LinkState)
+                    and state.point is retired
+                    and (state.role is TRANSIT_IN or state.role is MULTICAST_IN)
+                ):
                     state.point = None
 
     def link_detached(self, link: Link) -> None:
