@@ -7,8 +7,6 @@ through BrokerAdmin, and talks to it with the engine's blocking client.
 from __future__ import annotations
 
 import socket
-import time
-from collections.abc import Callable
 
 import grpc
 import pytest
@@ -18,6 +16,7 @@ from enmasse.common.amqp.engine import Outcome, Terminus
 from enmasse.v1 import broker_pb2, resources_pb2
 
 from tests.fixtures.broker import BrokerFactory, BrokerProcess
+from tests.fixtures.waiting import wait_for
 
 
 def message(text: str, **kw: object) -> bytes:
@@ -26,14 +25,6 @@ def message(text: str, **kw: object) -> bytes:
 
 def body(payload: bytes) -> str:
     return str(codec.read_body(payload))
-
-
-def wait_for(condition: Callable[[], bool], *, what: str, limit: float = 15.0) -> None:
-    deadline = time.monotonic() + limit
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.02)
 
 
 def client(process: BrokerProcess, container_id: str | None = None) -> Client:

@@ -10,8 +10,6 @@ the test is about its absence.
 from __future__ import annotations
 
 import concurrent.futures
-import time
-from collections.abc import Callable
 
 import grpc
 import pytest
@@ -22,6 +20,7 @@ from enmasse.common.amqp.engine import Outcome, Terminus
 from enmasse.v1 import broker_pb2, resources_pb2
 
 from tests.fixtures.broker import BrokerFactory, BrokerProcess
+from tests.fixtures.waiting import wait_for
 
 
 def message(text: str, *, durable: bool = True) -> bytes:
@@ -30,14 +29,6 @@ def message(text: str, *, durable: bool = True) -> bytes:
 
 def body(payload: bytes) -> str:
     return str(codec.read_body(payload))
-
-
-def wait_for(condition: Callable[[], bool], *, what: str, limit: float = 20.0) -> None:
-    deadline = time.monotonic() + limit
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.02)
 
 
 def durable_source(topic: str, *, shared: bool = False) -> Terminus:

@@ -18,6 +18,7 @@ from enmasse.router.points import PRODUCER_WINDOW, TRANSIT_WINDOW
 from enmasse.v1 import router_pb2
 
 from tests.fixtures.router import RouterFleet, RouterProcess
+from tests.fixtures.waiting import wait_for
 
 ADDRESSES = {"work": "anycast", "rpc": "anycast", "news": "multicast"}
 
@@ -54,16 +55,10 @@ def _wait_remote(router: RouterProcess, address: str, count: int) -> None:
         time.sleep(0.02)
 
 
-def _wait_all_settled(router: RouterProcess, address: str) -> None:
-    """Until no link of `router` on `address` has a delivery its peer has not settled."""
-    deadline = time.monotonic() + 10
-    while True:
-        links = router.admin().ListLinks(router_pb2.ListLinksRequest(), timeout=10).links
-        unsettled = sum(link.unsettled for link in links if link.address == address)
-        if unsettled == 0:
-            return
-        assert time.monotonic() < deadline, f"{address}: {unsettled} unsettled"
-        time.sleep(0.05)
+def _unsettled(router: RouterProcess, address: str) -> int:
+    """Deliveries `router` sent on `address` that its peers have not settled yet."""
+    links = router.admin().ListLinks(router_pb2.ListLinksRequest(), timeout=10).links
+    return sum(link.unsettled for link in links if link.address == address)
 
 
 def _send_to_a_stalled_consumer(
@@ -391,7 +386,11 @@ def test_an_address_defined_again_carries_messages_across_routers_again(
     routers.apply_all(routers.mesh_config(generation=2, addresses=changed))
     for before in sent:
         before.exception(10)  # each one ends: accepted, or failed with the producer's link
-    _wait_all_settled(r1, "_mesh/to/r2/work")  # what waited on r2 went back to r1
+    wait_for(  # what waited on r2 went back to r1
+        lambda: _unsettled(r1, "_mesh/to/r2/work") == 0,
+        what="r1's deliveries to r2 settled",
+        limit=10,
+    )
     routers.apply_all(routers.mesh_config(generation=3, addresses=ADDRESSES))
     consumer = _connect(r2, clients).receiver("work", credit=10)
     _wait_remote(r1, "work", 1)
