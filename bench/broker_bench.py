@@ -27,7 +27,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from enmasse.common.amqp import codec
+from enmasse.amqp import codec
 
 from bench import harness
 from bench.harness import Context, Table, ceiling_throughput, latency_row, suite, throughput

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from enmasse.common.amqp.engine import (
+from enmasse.amqp.engine import (
     Condition,
     ConnectionHandler,
     Delivery,

@@ -7,7 +7,7 @@ options (--quick, --record). What flows out: one table per measurement set, prin
 
 How a measurement runs: every producer and every consumer is its own process (spawned, so each
 has its own interpreter and GIL, like real clients), built on the engine's bulk clients
-(`enmasse.common.amqp.client.run_sender` / `run_receiver` / `serve_receiver`). Consumers attach
+(`enmasse.amqp.client.run_sender` / `run_receiver` / `serve_receiver`). Consumers attach
 first and say so; then producers start. Throughput = messages received / (last arrival - first
 send), read on time.monotonic(), which every process on the machine shares. Each process also
 reports its CPU time, so a table shows client CPU per message beside the rate: on a shared
@@ -41,9 +41,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from enmasse.common.amqp import client as amqp_client
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.engine import settle_gc_for_message_loop
+from enmasse.amqp import client as amqp_client
+from enmasse.amqp import codec
+from enmasse.amqp.engine import settle_gc_for_message_loop
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS = BENCH_DIR / "RESULTS.md"

@@ -41,10 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import AmqpError, Client, Receiver, Sender
-from enmasse.common.amqp.engine import Outcome
-from enmasse.common.validation import resource_of
+from enmasse.amqp import codec
+from enmasse.amqp.client import AmqpError, Client, Receiver, Sender
+from enmasse.amqp.engine import Outcome
+from enmasse.resources.validation import resource_of
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
 from bench.harness import Context, Table, suite

@@ -34,9 +34,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import AmqpError, Client
-from enmasse.common.validation import resource_of
+from enmasse.amqp import codec
+from enmasse.amqp.client import AmqpError, Client
+from enmasse.resources.validation import resource_of
 from enmasse.router_agent.directory import write_ports
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2, router_pb2
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from enmasse.common.amqp.engine import Connection, ConnectionHandler, Engine
+from enmasse.amqp.engine import Connection, ConnectionHandler, Engine
 from enmasse.v1 import router_pb2
 
 from bench.harness import (

@@ -28,10 +28,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from enmasse.amqp import client as amqp_client
+from enmasse.amqp import codec
+from enmasse.amqp.engine import Engine
 from enmasse.common import tracing
-from enmasse.common.amqp import client as amqp_client
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.engine import Engine
 
 from bench.harness import (
     Context,

@@ -17,10 +17,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import Client
-from enmasse.common.amqp.engine import Outcome
-from enmasse.common.manifests import KINDS
+from enmasse.amqp import codec
+from enmasse.amqp.client import Client
+from enmasse.amqp.engine import Outcome
+from enmasse.resources.manifests import KINDS
 
 from tests.fixtures.local_runtime import LocalRuntime, enmasse
 

@@ -17,10 +17,10 @@ import socket
 from collections.abc import Iterator
 
 import pytest
+from enmasse.amqp import codec
+from enmasse.amqp.client import Client, Receiver
+from enmasse.amqp.engine import Outcome
 from enmasse.cli.local import pid_alive
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import Client, Receiver
-from enmasse.common.amqp.engine import Outcome
 
 from tests.fixtures.local_runtime import LocalRuntime, logs, wait_until
 

@@ -17,9 +17,9 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import AmqpError, Client, Receiver
-from enmasse.common.amqp.engine import Delivery, Outcome, Terminus
+from enmasse.amqp import codec
+from enmasse.amqp.client import AmqpError, Client, Receiver
+from enmasse.amqp.engine import Delivery, Outcome, Terminus
 
 from tests.fixtures.local_runtime import LocalRuntime, enmasse
 

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from enmasse.amqp import codec
+from enmasse.amqp.client import Client
+from enmasse.amqp.engine import Outcome
+from enmasse.amqp.message_trace import ConsumerSpans, end_send, start_send
 from enmasse.common import tracing
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import Client
-from enmasse.common.amqp.engine import Outcome
-from enmasse.common.amqp.message_trace import ConsumerSpans, end_send, start_send
 from enmasse.v1 import router_pb2
 
 from tests.fixtures.broker import BrokerFactory, BrokerProcess

@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from enmasse.common.amqp.client import Client
+from enmasse.amqp.client import Client
 
 from bench.harness import Context, Table, latency_table, suite, throughput_table
 

@@ -16,7 +16,7 @@ import yaml
 from click.testing import CliRunner
 from enmasse.cli import diff
 from enmasse.cli.main import cli
-from enmasse.common.manifests import parse_text
+from enmasse.resources.manifests import parse_text
 from enmasse.v1 import config_pb2
 
 from tests.fixtures.config_service import ConfigProcess

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from enmasse.common import manifests
-from enmasse.common.manifests import dump_yaml, load_paths, parse_text, scope_of
+from enmasse.resources import manifests
+from enmasse.resources.manifests import dump_yaml, load_paths, parse_text, scope_of
 
 ADDRESS = """\
 apiVersion: enmasse.io/v1

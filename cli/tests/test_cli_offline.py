@@ -78,7 +78,7 @@ def test_the_examples_are_valid() -> None:
 
 
 def test_examples_hold_every_address_type_and_a_brokered_space() -> None:
-    from enmasse.common.manifests import load_paths
+    from enmasse.resources.manifests import load_paths
 
     loaded = load_paths([EXAMPLES])
     addresses = [m.resource.address for m in loaded.manifests if m.kind == "Address"]

@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from enmasse.amqp.wire import Outcome
 from enmasse.cli import messaging
 from enmasse.cli.client import CliError
 from enmasse.cli.local import VarDir
 from enmasse.cli.workloads import desired_programs, program_files, write_program_files
-from enmasse.common.amqp.wire import Outcome
 from enmasse.router_agent.workloads import LocalRouterPorts, RouterWorkload, render_router
 from enmasse.storage_controller.placement import Broker
 from enmasse.storage_controller.workloads import LocalPorts, render_broker

@@ -17,7 +17,7 @@ import sys
 import enmasse.amqp_hotpath as amqp_hotpath
 import pytest
 from cproton_ffi import ffi, lib
-from enmasse.common.amqp import engine  # binds amqp_hotpath to proton's functions
+from enmasse.amqp import engine  # binds amqp_hotpath to proton's functions
 
 assert engine  # imported for its binding
 

@@ -10,9 +10,9 @@ import socket
 
 import grpc
 import pytest
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import AmqpError, Client
-from enmasse.common.amqp.engine import Outcome, Terminus
+from enmasse.amqp import codec
+from enmasse.amqp.client import AmqpError, Client
+from enmasse.amqp.engine import Outcome, Terminus
 from enmasse.v1 import broker_pb2, resources_pb2
 
 from tests.fixtures.broker import BrokerFactory, BrokerProcess

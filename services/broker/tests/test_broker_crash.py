@@ -16,9 +16,9 @@ import threading
 import time
 
 import pytest
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import run_receiver, run_sender
-from enmasse.common.amqp.engine import (
+from enmasse.amqp import codec
+from enmasse.amqp.client import run_receiver, run_sender
+from enmasse.amqp.engine import (
     Condition,
     Connection,
     ConnectionHandler,

@@ -16,14 +16,14 @@ import struct
 import zlib
 from pathlib import Path
 
+from enmasse.amqp import codec
+from enmasse.amqp.client import Client
+from enmasse.amqp.engine import Outcome
 from enmasse.broker.broker import Broker
 from enmasse.broker.entry import Entry
 from enmasse.broker.journal import Journal
 from enmasse.broker.plan import Plan
 from enmasse.broker.queue import Settlement
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import Client
-from enmasse.common.amqp.engine import Outcome
 
 from tests.fixtures.broker import BrokerProcess
 

@@ -13,10 +13,10 @@ import concurrent.futures
 
 import grpc
 import pytest
+from enmasse.amqp import codec
+from enmasse.amqp.client import AmqpError, Client
+from enmasse.amqp.engine import Outcome, Terminus
 from enmasse.broker.inbox import DRAIN_TOKEN_PROPERTY
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import AmqpError, Client
-from enmasse.common.amqp.engine import Outcome, Terminus
 from enmasse.v1 import broker_pb2, resources_pb2
 
 from tests.fixtures.broker import BrokerFactory, BrokerProcess

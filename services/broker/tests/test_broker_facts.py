@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from enmasse.amqp import codec
 from enmasse.broker.facts import message_facts
-from enmasse.common.amqp import codec
 
 
 def codec_answer(payload: bytes) -> tuple[bool, int | None, int | None]:

@@ -15,15 +15,15 @@ queue treats its consumers, and modified + undeliverable-here.
 from __future__ import annotations
 
 import pytest
+from enmasse.amqp import codec
+from enmasse.amqp.client import Client
+from enmasse.amqp.engine import Outcome
 from enmasse.broker.broker import Broker, Conflict, InvalidName, NotFound
 from enmasse.broker.drain import DrainRefused, NeedsTargetAdmin, select
 from enmasse.broker.entry import Entry
 from enmasse.broker.inbox import DrainTokens, InboxAddress
 from enmasse.broker.plan import Plan
 from enmasse.broker.queue import Queue, Settlement
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import Client
-from enmasse.common.amqp.engine import Outcome
 
 from tests.fixtures.broker import BrokerProcess, Recorder
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 
+from enmasse.amqp import codec
 from enmasse.broker.hops import LIMIT, TracedMessages
 from enmasse.common import tracing
-from enmasse.common.amqp import codec
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter

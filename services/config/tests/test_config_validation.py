@@ -1,11 +1,11 @@
-"""Every resource rule of enmasse.common.validation, with its exact message (pure, no network)."""
+"""Every resource rule of enmasse.resources.validation, with its exact message (pure, no network)."""
 # ruff: noqa: E501  (the exact messages read best on one line each)
 
 from __future__ import annotations
 
 import pytest
-from enmasse.common.plans import load_default_plans
-from enmasse.common.validation import (
+from enmasse.resources.plans import load_default_plans
+from enmasse.resources.validation import (
     Catalog,
     Violation,
     kind_of,

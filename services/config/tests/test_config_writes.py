@@ -5,9 +5,9 @@ from __future__ import annotations
 import grpc
 import pytest
 from enmasse.common.passwords import hash_password, verify_password
-from enmasse.common.plans import load_default_plans
-from enmasse.common.validation import Catalog, resource_of
 from enmasse.config import writes
+from enmasse.resources.plans import load_default_plans
+from enmasse.resources.validation import Catalog, resource_of
 from enmasse.v1 import config_pb2, resources_pb2
 
 Action = config_pb2.ApplyResult.Action

@@ -15,8 +15,8 @@ from typing import Any
 
 import grpc
 import pytest
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import Client
+from enmasse.amqp import codec
+from enmasse.amqp.client import Client
 from enmasse.common.serving import start_server
 from enmasse.router_agent.agent import RouterAgent
 from enmasse.router_agent.directory import PortsTreeBrokers, PortsTreeRouters, write_ports

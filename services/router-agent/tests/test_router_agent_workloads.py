@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 import yaml
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import AmqpError, Client
-from enmasse.common.amqp.engine import Condition
+from enmasse.amqp import codec
+from enmasse.amqp.client import AmqpError, Client
+from enmasse.amqp.engine import Condition
 from enmasse.router_agent.agent import RouterAgent
 from enmasse.router_agent.directory import PortsTreeBrokers, PortsTreeRouters
 from enmasse.router_agent.workloads import (

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import AmqpError, BulkResult, Client, run_receiver, run_sender
-from enmasse.common.amqp.engine import Condition, Outcome
+from enmasse.amqp import codec
+from enmasse.amqp.client import AmqpError, BulkResult, Client, run_receiver, run_sender
+from enmasse.amqp.engine import Condition, Outcome
 from enmasse.v1 import router_pb2
 from google.protobuf import json_format
 

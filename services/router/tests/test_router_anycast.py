@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import AmqpError, Client
-from enmasse.common.amqp.engine import Condition, Delivery, Outcome
+from enmasse.amqp import codec
+from enmasse.amqp.client import AmqpError, Client
+from enmasse.amqp.engine import Condition, Delivery, Outcome
 from enmasse.router.points import PRODUCER_BYTES, PRODUCER_WINDOW
 from enmasse.v1 import router_pb2
 
@@ -180,7 +180,7 @@ def test_outcomes_reach_the_right_producer_when_settled_out_of_order(
 _HOARDER = textwrap.dedent(
     """
     import sys, time
-    from enmasse.common.amqp.client import Client
+    from enmasse.amqp.client import Client
     client = Client("127.0.0.1", int(sys.argv[1]))
     receiver = client.receiver("work", credit=int(sys.argv[2]))
     for _ in range(int(sys.argv[2])):

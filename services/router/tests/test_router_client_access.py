@@ -9,9 +9,9 @@ import json
 from collections.abc import Callable
 
 import pytest
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import AmqpError, Client
-from enmasse.common.amqp.engine import Condition, Outcome, Tls
+from enmasse.amqp import codec
+from enmasse.amqp.client import AmqpError, Client
+from enmasse.amqp.engine import Condition, Outcome, Tls
 from enmasse.common.passwords import hash_password
 from enmasse.v1 import router_pb2
 

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 
 import pytest
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import AmqpError, Client, Receiver
-from enmasse.common.amqp.engine import Condition, Delivery, Outcome, Terminus
+from enmasse.amqp import codec
+from enmasse.amqp.client import AmqpError, Client, Receiver
+from enmasse.amqp.engine import Condition, Delivery, Outcome, Terminus
 from enmasse.router.points import PRODUCER_WINDOW, TRANSIT_WINDOW
 from enmasse.v1 import router_pb2
 

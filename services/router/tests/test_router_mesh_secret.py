@@ -10,9 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import AmqpError, Client
-from enmasse.common.amqp.engine import Condition, Outcome
+from enmasse.amqp import codec
+from enmasse.amqp.client import AmqpError, Client
+from enmasse.amqp.engine import Condition, Outcome
 
 from tests.fixtures.router import RouterFleet, RouterProcess
 

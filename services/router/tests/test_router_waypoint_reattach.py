@@ -12,9 +12,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import Client
-from enmasse.common.amqp.engine import Outcome
+from enmasse.amqp import codec
+from enmasse.amqp.client import Client
+from enmasse.amqp.engine import Outcome
 from enmasse.v1 import router_pb2
 
 from tests.fixtures.broker import BrokerProcess

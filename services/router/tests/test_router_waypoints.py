@@ -8,9 +8,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import AmqpError, Client
-from enmasse.common.amqp.engine import Condition, Outcome, Terminus
+from enmasse.amqp import codec
+from enmasse.amqp.client import AmqpError, Client
+from enmasse.amqp.engine import Condition, Outcome, Terminus
 from enmasse.v1 import router_pb2
 
 from tests.fixtures.broker import BrokerFactory, BrokerProcess

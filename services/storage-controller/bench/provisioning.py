@@ -29,9 +29,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root, for tests.fixtures
 
 import grpc
-from enmasse.common.informer import Informer
 from enmasse.common.logging import configure_logging
-from enmasse.common.validation import resource_of
+from enmasse.resources.informer import Informer
+from enmasse.resources.validation import resource_of
 from enmasse.storage_controller.workloads import GitOpsOutput
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import Client
-from enmasse.common.amqp.engine import Outcome
+from enmasse.amqp import codec
+from enmasse.amqp.client import Client
+from enmasse.amqp.engine import Outcome
 from enmasse.storage_controller.controller import StorageController
 from enmasse.storage_controller.directory import LocalBrokerDirectory
 from enmasse.storage_controller.workloads import GitOpsOutput

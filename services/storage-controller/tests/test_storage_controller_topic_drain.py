@@ -15,9 +15,9 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import Client, Receiver
-from enmasse.common.amqp.engine import Outcome, Terminus
+from enmasse.amqp import codec
+from enmasse.amqp.client import Client, Receiver
+from enmasse.amqp.engine import Outcome, Terminus
 from enmasse.storage_controller.controller import StorageController
 from enmasse.storage_controller.directory import LocalBrokerDirectory
 from enmasse.storage_controller.workloads import GitOpsOutput

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import Client, Receiver
-from enmasse.common.amqp.engine import Outcome, Terminus
+from enmasse.amqp import codec
+from enmasse.amqp.client import Client, Receiver
+from enmasse.amqp.engine import Outcome, Terminus
 from enmasse.router_agent.agent import RouterAgent
 from enmasse.router_agent.directory import PortsTreeBrokers as AgentBrokers
 from enmasse.router_agent.directory import PortsTreeRouters, write_ports

@@ -21,9 +21,9 @@ from typing import Any
 
 import grpc
 import pytest
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import Client
-from enmasse.common.amqp.engine import Outcome
+from enmasse.amqp import codec
+from enmasse.amqp.client import Client
+from enmasse.amqp.engine import Outcome
 from enmasse.common.serving import start_server
 from enmasse.subscription.brokers import PortsTreeBrokers
 from enmasse.subscription.choice import annotation_key, choose_broker, recorded

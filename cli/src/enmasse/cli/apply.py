@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from enmasse.common.manifests import Manifest, scope_of
+from enmasse.resources.manifests import Manifest, scope_of
 from enmasse.v1 import config_pb2, resources_pb2
 
 _WORDS = {

@@ -25,8 +25,8 @@ from typing import Any
 
 import click
 import grpc
-from enmasse.common.manifests import KindInfo, wrap
-from enmasse.common.validation import Key, key_of
+from enmasse.resources.manifests import KindInfo, wrap
+from enmasse.resources.validation import Key, key_of
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
 DEFAULT_SERVER = "127.0.0.1:5680"

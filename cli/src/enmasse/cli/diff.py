@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import yaml
-from enmasse.common.manifests import to_manifest
+from enmasse.resources.manifests import to_manifest
 from enmasse.v1 import config_pb2, resources_pb2
 
 Action = config_pb2.ApplyResult

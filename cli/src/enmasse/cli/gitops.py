@@ -23,8 +23,6 @@ from typing import Protocol
 
 import click
 from enmasse.cli.client import CliError, ConfigClient
-from enmasse.common.manifests import KINDS
-from enmasse.common.validation import key_of
 from enmasse.config.gitops_sync import (
     DEFAULT_MANAGER,
     SyncStatus,
@@ -33,6 +31,8 @@ from enmasse.config.gitops_sync import (
     sync_tree,
     write_status,
 )
+from enmasse.resources.manifests import KINDS
+from enmasse.resources.validation import key_of
 from enmasse.v1 import config_pb2
 
 GIT_TIMEOUT = 120.0

@@ -7,7 +7,7 @@ accept the same ones and refuse the rest with the list of what would have worked
 
 from __future__ import annotations
 
-from enmasse.common.manifests import KINDS, KindInfo
+from enmasse.resources.manifests import KINDS, KindInfo
 
 _SHORT = {
     "AddressSpacePlan": ("asp", "spaceplan", "spaceplans"),

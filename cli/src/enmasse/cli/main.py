@@ -40,7 +40,7 @@ from enmasse.cli.client import DEFAULT_TIMEOUT, CliError, ConfigClient, resolve_
 from enmasse.cli.kinds import UnknownKind, resolve_kind
 from enmasse.cli.render import make_console, print_resources, print_table
 from enmasse.common.logging import configure_logging
-from enmasse.common.manifests import (
+from enmasse.resources.manifests import (
     KINDS,
     KindInfo,
     Loaded,
@@ -49,7 +49,7 @@ from enmasse.common.manifests import (
     kind_of,
     load_paths,
 )
-from enmasse.common.validation import key_of
+from enmasse.resources.validation import key_of
 from enmasse.v1 import config_pb2, resources_pb2
 
 log = structlog.get_logger("enmasse.cli")

@@ -5,7 +5,7 @@ counts, a body. Out: lines for people ("sent 1 message to queue 'orders' (accept
 received, "queue  orders  sent 1, received 1  ok") and `CliError`s with the router's own words
 when it says no (amqp:not-found for an address that does not exist) or "no message within 5 s".
 
-Built on the blocking `Client` of enmasse.common.amqp: one connection per verb, closed at the end.
+Built on the blocking `Client` of enmasse.amqp: one connection per verb, closed at the end.
 An anycast producer's outcome is the consumer's acceptance, so the demo sends asynchronously and
 settles on the receiving side before it waits for that outcome (one thread does both).
 Every loop is bounded by a count and a deadline.
@@ -21,11 +21,11 @@ from collections.abc import Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
+from enmasse.amqp import codec, message_trace
+from enmasse.amqp.client import AmqpError, Client, Receiver
+from enmasse.amqp.wire import Outcome, Terminus
 from enmasse.cli.client import CliError
 from enmasse.common import tracing
-from enmasse.common.amqp import codec, message_trace
-from enmasse.common.amqp.client import AmqpError, Client, Receiver
-from enmasse.common.amqp.wire import Outcome, Terminus
 from enmasse.v1 import resources_pb2
 from opentelemetry import trace
 

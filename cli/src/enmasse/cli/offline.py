@@ -2,7 +2,7 @@
 
 In: what `manifests.load_paths` found (parse errors and parsed manifests). The parsed ones are
 checked as one batch with the very rules the ConfigService applies
-(`enmasse.common.validation.validate_batch`) against a catalog holding the default plans; the
+(`enmasse.resources.validation.validate_batch`) against a catalog holding the default plans; the
 batch's own plans and address spaces count as existing (that is how validate_batch reads a batch),
 so a manifests repository's CI refuses what the server would refuse, before anything is pushed.
 
@@ -12,8 +12,8 @@ the rule names a field, else at the document start.
 
 from __future__ import annotations
 
-from enmasse.common import plans, validation
-from enmasse.common.manifests import Loaded
+from enmasse.resources import plans, validation
+from enmasse.resources.manifests import Loaded
 
 
 def default_catalog() -> validation.Catalog:

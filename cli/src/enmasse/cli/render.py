@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from enmasse.common.manifests import KindInfo, dump_json, dump_yaml, inner
+from enmasse.resources.manifests import KindInfo, dump_json, dump_yaml, inner
 from enmasse.v1 import resources_pb2
 from rich.console import Console
 from rich.table import Table

@@ -6,7 +6,7 @@
  * handler (a complete transfer with its payload, an outcome, an endpoint change), delivery
  * pointers, byte counts.
  *
- * Why it exists: the engine (enmasse/common/amqp/engine.py) drives proton-c through the cffi
+ * Why it exists: the engine (enmasse/amqp/engine/) drives proton-c through the cffi
  * binding that python-qpid-proton ships. Each cffi call releases and takes back the GIL and
  * wraps its result in a new cdata object: about 230 ns, and a forwarded message needed 20-25
  * of them, more than all the routing around them. Here the same calls cost a plain C-API call

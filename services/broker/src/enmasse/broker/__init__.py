@@ -8,6 +8,6 @@ Layers, bottom up:
   memory limits, subscription queues. No network, no files: unit tests drive them directly.
 - `journal`: append-only checksummed segments, group commit, recovery, reclaim.
 - `broker`: the `Broker` root that owns queues, topics, the journal and the address catalog.
-- `handler`: the AMQP side on the shared engine (`enmasse.common.amqp`); `admin`: BrokerAdmin gRPC;
+- `handler`: the AMQP side on the shared engine (`enmasse.amqp`); `admin`: BrokerAdmin gRPC;
   `drain`: at-least-once hand-off to another broker; `main`: wiring.
 """

@@ -41,12 +41,8 @@ import concurrent.futures
 from dataclasses import dataclass
 
 import structlog
-from enmasse.broker.broker import AddressError, Broker, NotFound, now_ms
-from enmasse.broker.entry import Entry
-from enmasse.broker.inbox import DRAIN_TOKEN_PROPERTY, InboxAddress
-from enmasse.broker.queue import Queue
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.engine import (
+from enmasse.amqp import codec
+from enmasse.amqp.engine import (
     Condition,
     Connection,
     ConnectionHandler,
@@ -56,6 +52,10 @@ from enmasse.common.amqp.engine import (
     Outcome,
     Timer,
 )
+from enmasse.broker.broker import AddressError, Broker, NotFound, now_ms
+from enmasse.broker.entry import Entry
+from enmasse.broker.inbox import DRAIN_TOKEN_PROPERTY, InboxAddress
+from enmasse.broker.queue import Queue
 
 log = structlog.get_logger(__name__)
 

@@ -4,7 +4,7 @@ What flows in: the encoded message bytes of a delivery. What flows out: (durable
 absolute expiry ms or None).
 
 Why it is its own module: this runs once per message on the producer path, and a general decoder
-(`enmasse.common.amqp.codec.read_header` / `read_properties`) spends a few microseconds walking
+(`enmasse.amqp.codec.read_header` / `read_properties`) spends a few microseconds walking
 every field. The shapes producers actually send are few: no header, or a small list header
 (`0x00 0x53 0x70 0xc0 size count ...`) with durable / priority / ttl in their one- or
 five-byte encodings, followed by the body or by the properties. Those are read here by offset;
@@ -14,7 +14,7 @@ codec, so the answer is always the codec's answer, only faster for the common ca
 
 from __future__ import annotations
 
-from enmasse.common.amqp import codec
+from enmasse.amqp import codec
 
 Facts = tuple[bool, int | None, int | None]
 

@@ -1,4 +1,4 @@
-"""The broker's AMQP side, on the shared engine (`enmasse.common.amqp.engine`).
+"""The broker's AMQP side, on the shared engine (`enmasse.amqp.engine`).
 
 What flows in: engine events per connection: a peer attaches a link (to send to a queue or topic,
 or to receive from one), a message arrives, credit arrives, an outcome comes back, a link or the
@@ -31,17 +31,8 @@ import time
 from collections.abc import Callable
 
 import structlog
-from enmasse.broker.broker import Broker, NotFound, now_ms
-from enmasse.broker.config import Settings
-from enmasse.broker.entry import Entry
-from enmasse.broker.facts import message_facts
-from enmasse.broker.hops import TracedMessages
-from enmasse.broker.inbox import DRAIN_TOKEN_PROPERTY
-from enmasse.broker.journal import GroupCommitter
-from enmasse.broker.queue import ACCEPTED, Queue, Settlement
-from enmasse.broker.topic import SEPARATOR, durable_identity
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.engine import (
+from enmasse.amqp import codec
+from enmasse.amqp.engine import (
     Condition,
     Connection,
     ConnectionHandler,
@@ -51,8 +42,17 @@ from enmasse.common.amqp.engine import (
     Outcome,
     Timer,
 )
-from enmasse.common.amqp.message_trace import MARK, flagged_unsampled
-from enmasse.common.amqp.wire import OUTCOME_ACCEPTED
+from enmasse.amqp.message_trace import MARK, flagged_unsampled
+from enmasse.amqp.wire import OUTCOME_ACCEPTED
+from enmasse.broker.broker import Broker, NotFound, now_ms
+from enmasse.broker.config import Settings
+from enmasse.broker.entry import Entry
+from enmasse.broker.facts import message_facts
+from enmasse.broker.hops import TracedMessages
+from enmasse.broker.inbox import DRAIN_TOKEN_PROPERTY
+from enmasse.broker.journal import GroupCommitter
+from enmasse.broker.queue import ACCEPTED, Queue, Settlement
+from enmasse.broker.topic import SEPARATOR, durable_identity
 
 log = structlog.get_logger(__name__)
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from enmasse.amqp.message_trace import now_ns, record_hop, sampled_context
 from enmasse.common import tracing
-from enmasse.common.amqp.message_trace import now_ns, record_hop, sampled_context
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 

@@ -19,13 +19,13 @@ import threading
 from pathlib import Path
 
 import structlog
+from enmasse.amqp.engine import Engine, settle_gc_for_message_loop
 from enmasse.broker.admin import BrokerAdmin, post_to
 from enmasse.broker.broker import AddressError, Broker
 from enmasse.broker.config import Settings, load_addresses
 from enmasse.broker.drain import Drain
 from enmasse.broker.handler import Endpoint
 from enmasse.broker.queue import Queue
-from enmasse.common.amqp.engine import Engine, settle_gc_for_message_loop
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server
 from enmasse.common.tracing import configure_service_tracing

@@ -20,8 +20,8 @@ import asyncio
 import contextlib
 
 import structlog
-from enmasse.common.validation import Catalog
 from enmasse.config.store import Compacted, Store, StoreUnavailable
+from enmasse.resources.validation import Catalog
 
 log = structlog.get_logger(__name__)
 

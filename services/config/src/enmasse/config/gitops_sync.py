@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import structlog
-from enmasse.common.manifests import MANIFEST_SUFFIXES, Manifest, ManifestError, load_paths
-from enmasse.common.validation import AnyObject, Key, key_of
+from enmasse.resources.manifests import MANIFEST_SUFFIXES, Manifest, ManifestError, load_paths
+from enmasse.resources.validation import AnyObject, Key, key_of
 from enmasse.v1 import config_pb2
 
 log = structlog.get_logger("enmasse.config.gitops_sync")

@@ -5,7 +5,7 @@ status with the exact message (`Refused` from the write path; UNAVAILABLE when e
 
 Every write goes the same way (`_write`): read the guard's revision G (the last write), take the
 catalog once it has seen G (`enmasse.config.cache`), compute the commit with
-`enmasse.config.writes` (which validates through `enmasse.common.validation`), commit it in ONE
+`enmasse.config.writes` (which validates through `enmasse.resources.validation`), commit it in ONE
 etcd transaction that compares the guard with G, and start over when somebody else wrote in
 between. Writes are serialized in-process by one lock, so concurrent requests to this process
 never race each other; the guard covers other processes.
@@ -19,13 +19,13 @@ from typing import Any, TypeVar
 
 import grpc
 import structlog
-from enmasse.common.plans import load_default_plans
-from enmasse.common.validation import SPACE_SCOPED_KINDS, AnyObject, Catalog, Key
 from enmasse.config import writes
 from enmasse.config.cache import CatalogCache
 from enmasse.config.store import Commit, Store, StoreRefused, StoreUnavailable
 from enmasse.config.watch import watch_events
 from enmasse.config.writes import Refused
+from enmasse.resources.plans import load_default_plans
+from enmasse.resources.validation import SPACE_SCOPED_KINDS, AnyObject, Catalog, Key
 from enmasse.v1 import config_pb2, config_pb2_grpc
 
 log = structlog.get_logger(__name__)

@@ -37,7 +37,7 @@ from typing import Any
 import grpc
 import structlog
 from aetcd import rpc
-from enmasse.common.validation import (
+from enmasse.resources.validation import (
     KINDS,
     SPACE_SCOPED_KINDS,
     AnyObject,

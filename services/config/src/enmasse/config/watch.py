@@ -35,9 +35,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import grpc
-from enmasse.common.validation import KINDS, Key, key_of, resource_of
 from enmasse.config.store import Change, Compacted, Store, StoreUnavailable
 from enmasse.config.writes import PLAN_KINDS, Refused, public_form
+from enmasse.resources.validation import KINDS, Key, key_of, resource_of
 from enmasse.v1 import config_pb2
 
 Event = config_pb2.WatchEvent

@@ -19,7 +19,8 @@ from typing import Any
 
 import grpc
 from enmasse.common.passwords import hash_password, verify_password
-from enmasse.common.validation import (
+from enmasse.config.store import Commit
+from enmasse.resources.validation import (
     SPACE_SCOPED_KINDS,
     AnyObject,
     Catalog,
@@ -33,7 +34,6 @@ from enmasse.common.validation import (
     validate_delete,
     validate_resource,
 )
-from enmasse.config.store import Commit
 from enmasse.v1 import config_pb2, resources_pb2
 from google.protobuf import timestamp_pb2
 

@@ -34,8 +34,8 @@ from typing import Any
 
 import grpc
 import structlog
-from enmasse.common.informer import Informer
-from enmasse.common.validation import object_of
+from enmasse.resources.informer import Informer
+from enmasse.resources.validation import object_of
 from enmasse.router_agent.directory import BrokerDirectory, RouterDirectory
 from enmasse.router_agent.push import RouterSession
 from enmasse.router_agent.routing import (

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from enmasse.common.workload_files import owned_files, sync_files
+from enmasse.resources.workload_files import owned_files, sync_files
 
 IMAGE = "enmasse-py/router"
 MANAGER = "enmasse-router-agent"

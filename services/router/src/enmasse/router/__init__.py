@@ -13,7 +13,7 @@ Pure domain (no network; unit-tested without processes):
 - `access`: who gets in: the mesh secret routers log in to each other with, and client logins
   checked against the configuration's users (scrypt hashes).
 
-On the shared AMQP engine (`enmasse.common.amqp.engine`):
+On the shared AMQP engine (`enmasse.amqp.engine`):
 - `forwarding`: the `Router` core: deliveries in, sends out, outcomes back, credit;
 - `inter_router`: its mesh side (`MeshLinks`): neighbours, adverts, links towards other routers;
 - `waypoints`: its broker side (`BrokerLinks`): broker connections, senders, consumer feeds;

@@ -4,7 +4,7 @@ What flows in: the mesh secret (a file the runtime renders once per address spac
 start-up) and the users of the running configuration (username -> scrypt hash, as the config
 service stores them; each pushed generation replaces them whole). What flows out: the two
 `authenticator(user, password) -> bool` callables the engine's own SASL layer calls
-(`enmasse.common.amqp.sasl`), one for the inter-router listener and one for the client listener.
+(`enmasse.amqp.sasl`), one for the inter-router listener and one for the client listener.
 
 Why it is built so:
 - a router logs in to a peer with SASL PLAIN, user = its router id, password = the space's

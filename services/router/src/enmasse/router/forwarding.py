@@ -39,10 +39,10 @@ from __future__ import annotations
 import itertools
 
 import structlog
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.engine import Condition, Connection, Delivery, Engine, Link, Outcome
-from enmasse.common.amqp.message_trace import MARK, flagged_unsampled
-from enmasse.common.amqp.wire import OUTCOME_ACCEPTED, OUTCOME_NONE
+from enmasse.amqp import codec
+from enmasse.amqp.engine import Condition, Connection, Delivery, Engine, Link, Outcome
+from enmasse.amqp.message_trace import MARK, flagged_unsampled
+from enmasse.amqp.wire import OUTCOME_ACCEPTED, OUTCOME_NONE
 from enmasse.router import windows
 from enmasse.router.addressing import (
     DYNAMIC,

@@ -1,6 +1,6 @@
 """The proton side of the router: one thin engine handler per kind of connection.
 
-Engine events flow in (see `enmasse.common.amqp.engine.ConnectionHandler`); each handler only says
+Engine events flow in (see `enmasse.amqp.engine.ConnectionHandler`); each handler only says
 which kind of connection the event came from and passes it to the `Router` (`forwarding.py`), or
 to its mesh side (`router.mesh_links`) or broker side (`router.broker_links`):
 
@@ -14,7 +14,7 @@ of connection: the link's own state (in `link.context`) says what it is.
 
 from __future__ import annotations
 
-from enmasse.common.amqp.engine import (
+from enmasse.amqp.engine import (
     Condition,
     Connection,
     ConnectionHandler,

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from enmasse.amqp.message_trace import now_ns, record_hop, sampled_context
 from enmasse.common import tracing
-from enmasse.common.amqp.message_trace import now_ns, record_hop, sampled_context
 from opentelemetry import trace
 
 _tracer: trace.Tracer | None = None

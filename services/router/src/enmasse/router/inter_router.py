@@ -24,8 +24,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.engine import Condition, Connection, Delivery, Link
+from enmasse.amqp import codec
+from enmasse.amqp.engine import Condition, Connection, Delivery, Link
 from enmasse.router.access import MeshSecret, is_router_id
 from enmasse.router.config import MeshPeer
 from enmasse.router.fanout import CopyQueue

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import click
 import structlog
-from enmasse.common.amqp.engine import Engine, Tls, settle_gc_for_message_loop
+from enmasse.amqp.engine import Engine, Tls, settle_gc_for_message_loop
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server
 from enmasse.common.tracing import configure_service_tracing

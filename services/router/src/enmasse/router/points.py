@@ -16,7 +16,7 @@ import enum
 from collections import deque
 from dataclasses import dataclass, field
 
-from enmasse.common.amqp.engine import Connection, Delivery, Link
+from enmasse.amqp.engine import Connection, Delivery, Link
 from enmasse.router.addressing import Resolution
 from enmasse.router.balancing import Balancer
 from enmasse.router.config import Distribution

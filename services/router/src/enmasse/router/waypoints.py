@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from enmasse.common.amqp.engine import (
+from enmasse.amqp.engine import (
     Condition,
     Connection,
     Delivery,

@@ -16,7 +16,7 @@ is configured.
 
 from __future__ import annotations
 
-from enmasse.common.amqp.engine import Link
+from enmasse.amqp.engine import Link
 from enmasse.router.points import (
     PRODUCER_BYTES,
     PRODUCER_WINDOW,

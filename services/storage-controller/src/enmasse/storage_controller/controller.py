@@ -43,8 +43,8 @@ from typing import Any, TypeVar
 
 import grpc
 import structlog
-from enmasse.common.informer import Informer
-from enmasse.common.validation import BROKERED_TYPES, object_of
+from enmasse.resources.informer import Informer
+from enmasse.resources.validation import BROKERED_TYPES, object_of
 from enmasse.storage_controller.directory import BrokerDirectory, BrokerEndpoint
 from enmasse.storage_controller.gitops_writeback import WorkloadRepository, change_reasons
 from enmasse.storage_controller.placement import ACTIVE, Placement, place

@@ -39,7 +39,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from enmasse.common.validation import BROKERED_TYPES
+from enmasse.resources.validation import BROKERED_TYPES
 from enmasse.v1 import resources_pb2
 
 ACTIVE = "Active"

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from enmasse.common.workload_files import owned_files, sync_files
+from enmasse.resources.workload_files import owned_files, sync_files
 from enmasse.storage_controller.placement import ACTIVE, Broker
 
 IMAGE = "enmasse-py/broker"

@@ -27,10 +27,10 @@ from collections.abc import Callable
 
 import grpc
 import structlog
-from enmasse.common.amqp.client import AmqpError, Client
-from enmasse.common.amqp.engine import Terminus
-from enmasse.common.informer import Informer
-from enmasse.common.validation import object_of
+from enmasse.amqp.client import AmqpError, Client
+from enmasse.amqp.engine import Terminus
+from enmasse.resources.informer import Informer
+from enmasse.resources.validation import object_of
 from enmasse.subscription.brokers import BrokerEndpoint, PortsTreeBrokers
 from enmasse.subscription.choice import (
     Refusal,

@@ -27,9 +27,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from enmasse.amqp import codec
+from enmasse.amqp.wire import Outcome
 from enmasse.common import tracing
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.wire import Outcome
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind

@@ -15,9 +15,9 @@ import threading
 import time
 
 import pytest
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import AmqpError
-from enmasse.common.amqp.engine import (
+from enmasse.amqp import codec
+from enmasse.amqp.client import AmqpError
+from enmasse.amqp.engine import (
     Condition,
     Connection,
     ConnectionHandler,
@@ -109,7 +109,7 @@ def test_killed_peer_surfaces_as_detach_and_close_with_error(recorder, tmp_path)
     script = textwrap.dedent(
         f"""
         import time
-        from enmasse.common.amqp.client import Client
+        from enmasse.amqp.client import Client
         client = Client("127.0.0.1", {port}, container_id="doomed")
         client.sender("in")
         client.receiver("out")
@@ -294,7 +294,7 @@ def test_sasl_plain_checks_passwords(amqp_client, sasl_users):
     script = textwrap.dedent(
         f"""
         import sys
-        from enmasse.common.amqp.engine import ConnectionHandler, Engine
+        from enmasse.amqp.engine import ConnectionHandler, Engine
 
         class WhoIsIt(ConnectionHandler):
             def on_connection_open(self, conn):

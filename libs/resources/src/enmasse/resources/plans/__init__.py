@@ -15,7 +15,7 @@ from importlib import resources as package_files
 from typing import Any
 
 import yaml
-from enmasse.common.validation import KINDS, resource_of
+from enmasse.resources.validation import KINDS, resource_of
 from enmasse.v1 import resources_pb2
 from google.protobuf import json_format
 

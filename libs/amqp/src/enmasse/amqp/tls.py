@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import ssl
 
-from enmasse.common.amqp.wire import Tls
+from enmasse.amqp.wire import Tls
 
 _READ_CHUNK = 256 * 1024
 

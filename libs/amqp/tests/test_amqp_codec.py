@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from enmasse.common.amqp import codec
+from enmasse.amqp import codec
 from proton import Message
 
 

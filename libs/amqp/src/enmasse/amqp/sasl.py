@@ -25,7 +25,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from enmasse.common.amqp import codec
+from enmasse.amqp import codec
 
 SASL_HEADER = b"AMQP\x03\x01\x00\x00"
 AMQP_HEADER = b"AMQP\x00\x01\x00\x00"

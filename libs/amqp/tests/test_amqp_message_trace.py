@@ -4,16 +4,16 @@ exporter."""
 
 from __future__ import annotations
 
-from enmasse.common import tracing
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.engine import Outcome
-from enmasse.common.amqp.message_trace import (
+from enmasse.amqp import codec
+from enmasse.amqp.engine import Outcome
+from enmasse.amqp.message_trace import (
     ConsumerSpans,
     end_send,
     might_be_traced,
     sampled_context,
     start_send,
 )
+from enmasse.common import tracing
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor

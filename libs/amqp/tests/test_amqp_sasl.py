@@ -8,9 +8,9 @@ import socket
 import threading
 
 import pytest
-from enmasse.common.amqp import codec, sasl
-from enmasse.common.amqp.client import AmqpError
-from enmasse.common.amqp.engine import Connection, ConnectionHandler, Delivery, Link, Outcome
+from enmasse.amqp import codec, sasl
+from enmasse.amqp.client import AmqpError
+from enmasse.amqp.engine import Connection, ConnectionHandler, Delivery, Link, Outcome
 from proton import Message
 from proton.utils import BlockingConnection
 

@@ -26,8 +26,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.engine import (
+from enmasse.amqp import codec
+from enmasse.amqp.engine import (
     Condition,
     Connection,
     ConnectionHandler,

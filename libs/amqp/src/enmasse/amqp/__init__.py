@@ -34,7 +34,7 @@ A process on the engine, in short (everything runs on the engine's thread):
 From another thread (asyncio admin): `await asyncio.wrap_future(engine.submit(fn))`.
 """
 
-from enmasse.common.amqp.engine import (
+from enmasse.amqp.engine import (
     Condition,
     Connection,
     ConnectionClosed,

@@ -15,9 +15,9 @@ from collections import deque
 from collections.abc import Callable
 
 import pytest
-from enmasse.common.amqp import codec, sasl
-from enmasse.common.amqp.client import AmqpError, Client
-from enmasse.common.amqp.engine import (
+from enmasse.amqp import codec, sasl
+from enmasse.amqp.client import AmqpError, Client
+from enmasse.amqp.engine import (
     Condition,
     Connection,
     ConnectionHandler,
@@ -25,7 +25,7 @@ from enmasse.common.amqp.engine import (
     Link,
     Tls,
 )
-from enmasse.common.amqp.tls import TlsFailure, TlsSession, server_context
+from enmasse.amqp.tls import TlsFailure, TlsSession, server_context
 from proton import Message, SSLDomain
 from proton.utils import BlockingConnection
 

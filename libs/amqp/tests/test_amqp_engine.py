@@ -14,9 +14,9 @@ from collections import deque
 
 import pytest
 from cproton_ffi import lib
-from enmasse.common.amqp import codec
-from enmasse.common.amqp.client import AmqpError, Client
-from enmasse.common.amqp.engine import (
+from enmasse.amqp import codec
+from enmasse.amqp.client import AmqpError, Client
+from enmasse.amqp.engine import (
     Condition,
     Connection,
     ConnectionClosed,
@@ -483,7 +483,7 @@ def test_submit_returns_results_and_errors_across_threads(amqp_listener):
 
 
 def test_using_a_closed_connection_or_link_is_a_clear_error(queue_peer, amqp_client):
-    from enmasse.common.amqp import ConnectionClosed, LinkClosed
+    from enmasse.amqp import ConnectionClosed, LinkClosed
 
     _queues, _engine, port = queue_peer
     client = amqp_client(port)

@@ -56,9 +56,9 @@ import cproton_ffi
 import enmasse.amqp_hotpath as amqp_hotpath
 import structlog
 from cproton_ffi import ffi, lib
-from enmasse.common.amqp import codec, sasl
-from enmasse.common.amqp.tls import TlsFailure, TlsSession, server_context
-from enmasse.common.amqp.wire import (
+from enmasse.amqp import codec, sasl
+from enmasse.amqp.tls import TlsFailure, TlsSession, server_context
+from enmasse.amqp.wire import (
     OUTCOME_ACCEPTED,
     OUTCOMES,
     Condition,
