@@ -31,6 +31,7 @@ close. Deliveries settle once; settling a delivery of a link or connection that 
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import ctypes
@@ -49,7 +50,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import cproton
 import cproton_ffi
@@ -92,6 +93,8 @@ __all__ = [  # Outcome, Condition, Terminus and Tls live in `wire`; importable f
     "Tls",
     "settle_gc_for_message_loop",
 ]
+
+T = TypeVar("T")
 
 log = structlog.get_logger("enmasse.amqp")
 
@@ -942,6 +945,12 @@ class Engine:
 
         self.call_soon_threadsafe(run)
         return future
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Runs fn on the engine thread and returns (or raises) what it did: the one way an asyncio
+        caller (an admin servicer on its gRPC thread) reaches state the engine thread owns."""
+        result: T = await asyncio.wrap_future(self.submit(fn))
+        return result
 
     def run(self) -> None:
         """Runs the loop on this thread until stop()."""
