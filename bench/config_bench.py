@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
-from enmasse.resources.validation import resource_of
+from enmasse.resources.kinds import resource_of
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
 from bench.harness import Context, Table, suite

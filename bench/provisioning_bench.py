@@ -44,7 +44,7 @@ import grpc
 from enmasse.amqp import codec
 from enmasse.amqp.client import AmqpError, Client, Receiver, Sender
 from enmasse.amqp.engine import Outcome
-from enmasse.resources.validation import resource_of
+from enmasse.resources.kinds import resource_of
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
 from bench.harness import Context, Table, suite

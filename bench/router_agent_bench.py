@@ -36,8 +36,8 @@ from pathlib import Path
 import grpc
 from enmasse.amqp import codec
 from enmasse.amqp.client import AmqpError, Client
-from enmasse.resources.validation import resource_of
-from enmasse.router_agent.directory import write_ports
+from enmasse.resources.discovery import write_ports
+from enmasse.resources.kinds import resource_of
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2, router_pb2
 
 from bench.harness import Context, Table, suite

@@ -20,7 +20,7 @@ import pytest
 from enmasse.amqp import codec
 from enmasse.amqp.client import Client
 from enmasse.amqp.engine import Outcome
-from enmasse.resources.manifests import KINDS
+from enmasse.resources.kinds import KINDS
 
 from tests.fixtures.local_runtime import LocalRuntime, enmasse
 

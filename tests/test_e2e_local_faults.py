@@ -20,7 +20,7 @@ import pytest
 from enmasse.amqp import codec
 from enmasse.amqp.client import Client, Receiver
 from enmasse.amqp.engine import Outcome
-from enmasse.cli.local import pid_alive
+from enmasse.cli.local.supervisor import pid_alive
 
 from tests.fixtures.local_runtime import LocalRuntime, logs, wait_until
 

@@ -348,8 +348,8 @@ def test_rendered_broker_workloads_are_valid_and_fenced(tmp_path: Path) -> None:
     the broker image with arguments the broker accepts."""
     # Imported here: a service that does not import fails this test, not the whole file.
     from enmasse.broker.main import parse_settings
-    from enmasse.storage_controller.placement import Broker
-    from enmasse.storage_controller.workloads import LocalPorts, render_broker
+    from enmasse.resources.rendered_brokers import Broker, LocalPorts
+    from enmasse.storage_controller.workloads import render_broker
 
     text = render_broker(
         space="shop", broker=Broker("shop-broker-0", pooled=True), ports=LocalPorts(5672, 5685)

@@ -22,11 +22,10 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from enmasse.resources.rendered_routers import LocalRouterPorts, RouterWorkload
 from enmasse.router_agent.workloads import (
     ADMIN_PORT,
     INTER_ROUTER_PORT,
-    LocalRouterPorts,
-    RouterWorkload,
     mesh_secret_name,
     render_router,
 )

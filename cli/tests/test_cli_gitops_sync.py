@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 from enmasse.cli.client import ConfigClient
 from enmasse.cli.main import cli
-from enmasse.resources.manifests import KINDS
+from enmasse.resources.kinds import KINDS
 
 from tests.fixtures.config_service import ConfigProcess
 from tests.fixtures.etcd import EtcdProcess

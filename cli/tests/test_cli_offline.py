@@ -10,7 +10,9 @@ import pytest
 from click.testing import CliRunner
 from enmasse.cli.client import ListPhase, dropped
 from enmasse.cli.kinds import resolve_kind
-from enmasse.cli.local import Ports, VarDir, program_commands, render_supervisord_conf
+from enmasse.cli.local.ports import Ports
+from enmasse.cli.local.programs import program_commands, render_supervisord_conf
+from enmasse.cli.local.var_dir import VarDir
 from enmasse.cli.main import cli
 from enmasse.v1 import config_pb2, resources_pb2
 

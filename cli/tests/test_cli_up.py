@@ -15,7 +15,10 @@ import socket
 from pathlib import Path
 
 import pytest
-from enmasse.cli import local
+from enmasse.cli.local.ports import read_ports
+from enmasse.cli.local.programs import PROGRAMS
+from enmasse.cli.local.supervisor import apply_config_changes, pid_alive, supervisor_proxy
+from enmasse.cli.local.var_dir import VarDir
 
 from tests.fixtures.local_runtime import enmasse, logs, stop_and_check, supervised, wait_until
 
@@ -37,14 +40,14 @@ def port_open(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def forget_the_subscription_program(var: local.VarDir) -> None:
+def forget_the_subscription_program(var: VarDir) -> None:
     ports = json.loads(var.ports_file.read_text())
     del ports["subscription"]
     var.ports_file.write_text(json.dumps(ports))
     conf = var.supervisord_conf.read_text()
     start, end = conf.index("[program:subscription]"), conf.index("[program:runtime]")
     var.supervisord_conf.write_text(conf[:start] + conf[end:])
-    local.apply_config_changes(local.supervisor_proxy(var), ours=lambda n: n in local.PROGRAMS)
+    apply_config_changes(supervisor_proxy(var), ours=lambda n: n in PROGRAMS)
 
 
 def words(text: str) -> list[list[str]]:
@@ -139,12 +142,12 @@ def test_up_demo_sends_on_each_type_then_status_send_receive_crash_up_again_down
         ), logs(var)
         assert enmasse(var, "receive", "orders").stdout == "back\n"
 
-        ports = local.read_ports(local.VarDir(var))
+        ports = read_ports(VarDir(var))
         down = enmasse(var, "down")
         assert down.returncode == 0, down.stderr
         stopped = down.stdout.removeprefix("stopped: ").strip().split(", ")
         assert sorted(stopped) == sorted(f"{n} (pid {pid})" for n, (_s, pid) in after.items())
-        assert not any(local.pid_alive(pid) for pid in seen)
+        assert not any(pid_alive(pid) for pid in seen)
         assert not any(
             port_open(p) for p in (ports.etcd_client, ports.config, ports.router_agent, demo_port)
         )
@@ -165,7 +168,7 @@ def test_a_killed_supervisord_leaves_orphans_that_down_stops(tmp_path: Path) -> 
         before = processes(enmasse(var, "status").stdout)
         seen.update(pid for _state, pid in before.values())
         os.kill(before["supervisord"][1], signal.SIGKILL)
-        assert wait_until(lambda: not local.pid_alive(before["supervisord"][1]), timeout=10)
+        assert wait_until(lambda: not pid_alive(before["supervisord"][1]), timeout=10)
 
         orphans = ", ".join(f"{n} (pid {before[n][1]})" for n in sorted(CONTROL_PLANE))
         refused = enmasse(var, "up")
@@ -176,7 +179,7 @@ def test_a_killed_supervisord_leaves_orphans_that_down_stops(tmp_path: Path) -> 
         )
         down = enmasse(var, "down")
         assert down.stdout == f"stopped: {orphans}\n"
-        assert not any(local.pid_alive(before[n][1]) for n in CONTROL_PLANE)
+        assert not any(pid_alive(before[n][1]) for n in CONTROL_PLANE)
 
         # The var dir is usable again: same data, a fresh supervisord.
         up = enmasse(var, "up")
@@ -186,7 +189,7 @@ def test_a_killed_supervisord_leaves_orphans_that_down_stops(tmp_path: Path) -> 
 
         # A supervisord an older `up` configured (no subscription program, no port for it)
         # gets the missing program from `up`, live; the others keep running.
-        forget_the_subscription_program(local.VarDir(var))
+        forget_the_subscription_program(VarDir(var))
         assert "subscription" not in supervised(var)
         running = supervised(var)
         again = enmasse(var, "up")

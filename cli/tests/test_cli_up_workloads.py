@@ -12,11 +12,12 @@ import pytest
 from enmasse.amqp.wire import Outcome
 from enmasse.cli import messaging
 from enmasse.cli.client import CliError
-from enmasse.cli.local import VarDir
-from enmasse.cli.workloads import desired_programs, program_files, write_program_files
-from enmasse.router_agent.workloads import LocalRouterPorts, RouterWorkload, render_router
-from enmasse.storage_controller.placement import Broker
-from enmasse.storage_controller.workloads import LocalPorts, render_broker
+from enmasse.cli.local.runtime import desired_programs, program_files, write_program_files
+from enmasse.cli.local.var_dir import VarDir
+from enmasse.resources.rendered_brokers import Broker, LocalPorts
+from enmasse.resources.rendered_routers import LocalRouterPorts, RouterWorkload
+from enmasse.router_agent.workloads import render_router
+from enmasse.storage_controller.workloads import render_broker
 from enmasse.v1 import resources_pb2
 
 

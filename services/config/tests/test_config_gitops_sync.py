@@ -17,12 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from enmasse.config.gitops_sync import (
-    follow_tree,
-    owned_spaces_of,
-    sync_tree,
-    tree_revision,
-)
+from enmasse.config.gitops_follow import follow_tree
+from enmasse.resources.gitops_sync import owned_spaces_of, sync_tree, tree_revision
 from enmasse.v1 import config_pb2, resources_pb2
 
 from tests.fixtures.config_service import InProcessConfig

@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import pytest
+from enmasse.resources.kinds import kind_of, resource_of
 from enmasse.resources.plans import load_default_plans
 from enmasse.resources.validation import (
     Catalog,
     Violation,
-    kind_of,
-    resource_of,
     validate_batch,
     validate_delete,
     validate_resource,

@@ -12,7 +12,7 @@ import time
 import grpc
 import pytest
 from enmasse.resources.informer import Informer
-from enmasse.resources.validation import object_of
+from enmasse.resources.kinds import object_of
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
 from tests.fixtures.config_service import start_in_process, stop_in_process

@@ -6,8 +6,9 @@ import grpc
 import pytest
 from enmasse.common.passwords import hash_password, verify_password
 from enmasse.config import writes
+from enmasse.resources.kinds import resource_of
 from enmasse.resources.plans import load_default_plans
-from enmasse.resources.validation import Catalog, resource_of
+from enmasse.resources.validation import Catalog
 from enmasse.v1 import config_pb2, resources_pb2
 
 Action = config_pb2.ApplyResult.Action

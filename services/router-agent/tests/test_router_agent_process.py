@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 import pytest
-from enmasse.router_agent.directory import write_ports
+from enmasse.resources.discovery import write_ports
 from enmasse.v1 import (
     config_pb2,
     config_pb2_grpc,
@@ -181,8 +181,8 @@ async def test_the_agent_rides_out_config_and_etcd_crashes(
 ) -> None:
     """SIGKILL the config service mid-change, then etcd: the agent (in this process) follows the
     store again after each restart and every address ends Active on the router."""
+    from enmasse.resources.discovery import LocalDirectory
     from enmasse.router_agent.agent import RouterAgent
-    from enmasse.router_agent.directory import PortsTreeBrokers, PortsTreeRouters
 
     config = config_process_factory(etcd_endpoint=fresh_etcd.endpoint, prefix=etcd_prefix)
     router = routers.start("r0")
@@ -196,8 +196,7 @@ async def test_the_agent_rides_out_config_and_etcd_crashes(
     )
     agent = RouterAgent(
         config_target=config.target,
-        routers=PortsTreeRouters(tmp_path / "routers"),
-        brokers=PortsTreeBrokers(tmp_path / "brokers"),
+        directory=LocalDirectory(tmp_path),
         tick=0.1,
     )
     agent.start()

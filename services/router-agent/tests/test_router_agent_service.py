@@ -18,8 +18,8 @@ import pytest
 from enmasse.amqp import codec
 from enmasse.amqp.client import Client
 from enmasse.common.serving import start_server
+from enmasse.resources.discovery import LocalDirectory, write_ports
 from enmasse.router_agent.agent import RouterAgent
-from enmasse.router_agent.directory import PortsTreeBrokers, PortsTreeRouters, write_ports
 from enmasse.router_agent.servicer import SERVICE_NAME, RouterAgentServicer
 from enmasse.v1 import (
     config_pb2,
@@ -51,8 +51,7 @@ def publish(var: Path, space: str, router: RouterProcess) -> None:
 def agent_over(config_target: str, var: Path, **options: Any) -> RouterAgent:
     return RouterAgent(
         config_target=config_target,
-        routers=PortsTreeRouters(var / "routers"),
-        brokers=PortsTreeBrokers(var / "brokers"),
+        directory=LocalDirectory(var),
         **options,
     )
 

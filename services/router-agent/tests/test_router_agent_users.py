@@ -3,7 +3,8 @@ hash, by username, none without a hash), and that a user change is a new generat
 
 from __future__ import annotations
 
-from enmasse.router_agent.routing import RouterEndpoint, SpaceRouting, router_users
+from enmasse.resources.discovery import RouterEndpoint
+from enmasse.router_agent.routing import SpaceRouting, router_users
 from enmasse.v1 import resources_pb2, router_pb2
 
 ROUTERS = [

@@ -25,18 +25,17 @@ import yaml
 from enmasse.amqp import codec
 from enmasse.amqp.client import AmqpError, Client
 from enmasse.amqp.engine import Condition
-from enmasse.router_agent.agent import RouterAgent
-from enmasse.router_agent.directory import PortsTreeBrokers, PortsTreeRouters
-from enmasse.router_agent.workloads import (
+from enmasse.resources.discovery import LocalDirectory
+from enmasse.resources.rendered_routers import (
     LocalRouterPorts,
     RouterWorkload,
-    RouterWorkloads,
     ensure_local_mesh_secret,
     local_router_command,
     local_router_dir,
     read_router,
-    render_router,
 )
+from enmasse.router_agent.agent import RouterAgent
+from enmasse.router_agent.workloads import RouterWorkloads, render_router
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
 pytestmark = pytest.mark.timeout(120)
@@ -126,8 +125,7 @@ async def test_a_rendered_router_started_like_the_runtime_carries_messages(
     output = RouterWorkloads(gitops)
     agent = RouterAgent(
         config_target=config_server.target,
-        routers=PortsTreeRouters(var / "routers"),
-        brokers=PortsTreeBrokers(var / "brokers"),
+        directory=LocalDirectory(var),
         tick=0.1,
         workloads=output,
     )

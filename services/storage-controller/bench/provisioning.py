@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root, f
 import grpc
 from enmasse.common.logging import configure_logging
 from enmasse.resources.informer import Informer
-from enmasse.resources.validation import resource_of
-from enmasse.storage_controller.workloads import GitOpsOutput
+from enmasse.resources.kinds import resource_of
+from enmasse.resources.rendered_brokers import GitOpsOutput
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
 from tests.fixtures.broker import BrokerProcess

@@ -18,9 +18,9 @@ import pytest
 from enmasse.amqp import codec
 from enmasse.amqp.client import Client
 from enmasse.amqp.engine import Outcome
+from enmasse.resources.discovery import LocalDirectory
+from enmasse.resources.rendered_brokers import GitOpsOutput
 from enmasse.storage_controller.controller import StorageController
-from enmasse.storage_controller.directory import LocalBrokerDirectory
-from enmasse.storage_controller.workloads import GitOpsOutput
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
 from tests.fixtures.broker import BrokerProcess
@@ -78,7 +78,7 @@ async def test_a_brokered_space_turns_active_with_its_brokers_endpoint_and_carri
     controller = StorageController(
         config_target=config_server.target,
         output=output,
-        directory=LocalBrokerDirectory(output=output, var_dir=var_dir),
+        directory=LocalDirectory(var_dir),
         resync_interval=0.2,
     )
     broker: BrokerProcess | None = None

@@ -6,14 +6,9 @@ import dataclasses
 import random
 
 import pytest
-from enmasse.storage_controller.placement import (
-    ACTIVE,
-    DRAINING,
-    MAX_BROKER_ID,
-    Broker,
-    Placement,
-    place,
-)
+from enmasse.resources.contracts import ACTIVE, DRAINING
+from enmasse.resources.rendered_brokers import Broker
+from enmasse.storage_controller.placement import MAX_BROKER_ID, Placement, place
 from enmasse.v1 import resources_pb2
 
 CREDITS = {

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from enmasse.storage_controller.workloads import GitOpsOutput
+from enmasse.resources.rendered_brokers import GitOpsOutput
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
 from tests.fixtures.config_service import InProcessConfig

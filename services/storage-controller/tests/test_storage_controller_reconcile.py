@@ -14,9 +14,8 @@ import pytest
 from enmasse.amqp import codec
 from enmasse.amqp.client import Client
 from enmasse.amqp.engine import Outcome
+from enmasse.resources.rendered_brokers import GitOpsOutput
 from enmasse.storage_controller.controller import StorageController
-from enmasse.storage_controller.directory import LocalBrokerDirectory
-from enmasse.storage_controller.workloads import GitOpsOutput
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
 from tests.fixtures.config_service import InProcessConfig
@@ -45,7 +44,7 @@ async def test_addresses_become_brokers_queues_and_statuses(
         controller = StorageController(
             config_target=config_server.target,
             output=output,
-            directory=LocalBrokerDirectory(output=output),
+            directory=None,
             resync_interval=0.2,
         )
         controller.start()

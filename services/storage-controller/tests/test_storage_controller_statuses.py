@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from enmasse.storage_controller.placement import DRAINING, Broker, Placement
+from enmasse.resources.contracts import DRAINING
+from enmasse.resources.rendered_brokers import Broker, BrokerWorkload, LocalPorts
+from enmasse.storage_controller.placement import Placement
 from enmasse.storage_controller.statuses import address_status, recorded_placement, space_status
-from enmasse.storage_controller.workloads import BrokerWorkload, LocalPorts
 from enmasse.v1 import resources_pb2
 
 PLACEMENT = Placement(

@@ -18,9 +18,8 @@ import pytest
 from enmasse.amqp import codec
 from enmasse.amqp.client import Client, Receiver
 from enmasse.amqp.engine import Outcome, Terminus
+from enmasse.resources.rendered_brokers import GitOpsOutput
 from enmasse.storage_controller.controller import StorageController
-from enmasse.storage_controller.directory import LocalBrokerDirectory
-from enmasse.storage_controller.workloads import GitOpsOutput
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
 from tests.fixtures.config_service import InProcessConfig
@@ -115,7 +114,7 @@ async def test_durable_subscriptions_follow_their_topic_off_a_removed_broker(
     controller = StorageController(
         config_target=config_server.target,
         output=output,
-        directory=LocalBrokerDirectory(output=output),
+        directory=None,
         resync_interval=0.2,
     )
     controller.start()

@@ -8,17 +8,19 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from enmasse.storage_controller.directory import BrokerEndpoint, LocalBrokerDirectory
-from enmasse.storage_controller.placement import DRAINING, Broker
-from enmasse.storage_controller.workloads import (
+from enmasse.resources.contracts import DRAINING
+from enmasse.resources.discovery import BrokerEndpoint, LocalDirectory
+from enmasse.resources.rendered_brokers import (
+    Broker,
     BrokerWorkload,
     GitOpsOutput,
     LocalPorts,
     WorkloadError,
     local_broker_command,
     read_broker,
-    render_broker,
 )
+from enmasse.storage_controller.controller import broker_endpoint
+from enmasse.storage_controller.workloads import render_broker
 
 POOLED = Broker("shop-broker-0", pooled=True)
 DEDICATED = Broker("shop-orders-0", pooled=False, owner="orders")
@@ -132,10 +134,14 @@ def test_the_local_runtime_starts_a_broker_from_its_file(tmp_path: Path) -> None
 def test_the_local_directory_prefers_the_ports_the_broker_wrote(tmp_path: Path) -> None:
     output = GitOpsOutput(tmp_path / "gitops")
     output.write_space("shop", {POOLED.id: render_broker(space="shop", broker=POOLED, ports=PORTS)})
-    directory = LocalBrokerDirectory(output=output, var_dir=tmp_path / "var")
-    assert directory.endpoint("shop", POOLED.id) == BrokerEndpoint("127.0.0.1", 41001, 41002)
-    assert directory.endpoint("shop", "shop-broker-9") is None
+    directory = LocalDirectory(tmp_path / "var")
+
+    def endpoint(broker_id: str) -> BrokerEndpoint | None:
+        return broker_endpoint("shop", broker_id, directory=directory, output=output)
+
+    assert endpoint(POOLED.id) == BrokerEndpoint(POOLED.id, "127.0.0.1", 41001, 41002)
+    assert endpoint("shop-broker-9") is None
     ports_file = tmp_path / "var" / "brokers" / "shop" / POOLED.id / "ports.json"
     ports_file.parent.mkdir(parents=True)
     ports_file.write_text('{"amqp": 42001, "admin": 42002}')
-    assert directory.endpoint("shop", POOLED.id) == BrokerEndpoint("127.0.0.1", 42001, 42002)
+    assert endpoint(POOLED.id) == BrokerEndpoint(POOLED.id, "127.0.0.1", 42001, 42002)

@@ -14,16 +14,15 @@ import time
 from pathlib import Path
 
 import pytest
+from enmasse.resources.rendered_brokers import Broker, GitOpsOutput
 from enmasse.storage_controller.controller import StorageController
-from enmasse.storage_controller.directory import LocalBrokerDirectory
 from enmasse.storage_controller.gitops_writeback import (
     Credentials,
     WorkloadRepository,
     change_reasons,
     commit_message,
 )
-from enmasse.storage_controller.placement import Broker, Placement
-from enmasse.storage_controller.workloads import GitOpsOutput
+from enmasse.storage_controller.placement import Placement
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
 from tests.fixtures.config_service import InProcessConfig
@@ -96,7 +95,7 @@ async def test_a_new_broker_is_committed_and_its_removal_too(
     controller = StorageController(
         config_target=config_server.target,
         output=output,
-        directory=LocalBrokerDirectory(output=output, var_dir=None),
+        directory=None,
         resync_interval=0.2,
         writeback=repository,
     )

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from enmasse.subscription.brokers import PortsTreeBrokers
+from enmasse.resources.discovery import LocalDirectory
 from enmasse.subscription.choice import (
     Refusal,
     Subscriber,
@@ -131,7 +131,7 @@ def test_records_live_in_annotations_of_their_own_prefix() -> None:
 
 
 def test_a_broker_is_found_by_its_ports_file(tmp_path: Path) -> None:
-    brokers = PortsTreeBrokers(tmp_path)
+    brokers = LocalDirectory(tmp_path / "var", brokers=tmp_path)
     assert brokers.broker("shop", "broker-0") is None
     (tmp_path / "shop/broker-0").mkdir(parents=True)
     (tmp_path / "shop/broker-0/ports.json").write_text('{"amqp": 1, "ad')  # torn

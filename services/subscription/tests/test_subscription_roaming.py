@@ -20,10 +20,8 @@ import pytest
 from enmasse.amqp import codec
 from enmasse.amqp.client import Client, Receiver
 from enmasse.amqp.engine import Outcome, Terminus
+from enmasse.resources.discovery import LocalDirectory, write_ports
 from enmasse.router_agent.agent import RouterAgent
-from enmasse.router_agent.directory import PortsTreeBrokers as AgentBrokers
-from enmasse.router_agent.directory import PortsTreeRouters, write_ports
-from enmasse.subscription.brokers import PortsTreeBrokers
 from enmasse.subscription.subscriptions import DurableSubscriptions
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2, subscription_pb2
 
@@ -60,12 +58,11 @@ async def plane(
     )
     agent = RouterAgent(
         config_target=config_server.target,
-        routers=PortsTreeRouters(tmp_path / "routers"),
-        brokers=AgentBrokers(tmp_path / "brokers"),
+        directory=LocalDirectory(tmp_path),
         tick=0.1,
     )
     subscriptions = DurableSubscriptions(
-        config_target=config_server.target, brokers=PortsTreeBrokers(tmp_path / "brokers")
+        config_target=config_server.target, directory=LocalDirectory(tmp_path)
     )
     agent.start()
     subscriptions.start()

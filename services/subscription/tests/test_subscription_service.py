@@ -25,7 +25,7 @@ from enmasse.amqp import codec
 from enmasse.amqp.client import Client
 from enmasse.amqp.engine import Outcome
 from enmasse.common.serving import start_server
-from enmasse.subscription.brokers import PortsTreeBrokers
+from enmasse.resources.discovery import LocalDirectory
 from enmasse.subscription.choice import annotation_key, choose_broker, recorded
 from enmasse.subscription.servicer import SERVICE_NAME, SubscriptionServicer
 from enmasse.subscription.subscriptions import DurableSubscriptions
@@ -67,7 +67,8 @@ class Service:
 
     async def start(self) -> subscription_pb2_grpc.SubscriptionServiceStub:
         self.subscriptions = DurableSubscriptions(
-            config_target=self.config_target, brokers=PortsTreeBrokers(self.brokers_dir)
+            config_target=self.config_target,
+            directory=LocalDirectory(self.brokers_dir.parent, brokers=self.brokers_dir),
         )
         self.subscriptions.start()
         self.running = await start_server(

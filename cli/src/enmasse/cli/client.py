@@ -25,8 +25,7 @@ from typing import Any
 
 import click
 import grpc
-from enmasse.resources.manifests import KindInfo, wrap
-from enmasse.resources.validation import Key, key_of
+from enmasse.resources.kinds import Key, Kind, key_of, resource_of
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
 DEFAULT_SERVER = "127.0.0.1:5680"
@@ -133,7 +132,7 @@ class _KindCalls:
     delete: str
 
 
-def _calls(info: KindInfo) -> _KindCalls:
+def _calls(info: Kind) -> _KindCalls:
     plural = {"Address": "Addresses"}.get(info.name, info.name + "s")
     return _KindCalls(get=f"Get{info.name}", list=f"List{plural}", delete=f"Delete{info.name}")
 
@@ -165,16 +164,16 @@ class ConfigClient:
         except grpc.RpcError as error:
             raise explain(error, server=self.server) from None
 
-    def list(self, info: KindInfo, *, space: str = "") -> list[resources_pb2.Resource]:
+    def list(self, info: Kind, *, space: str = "") -> list[resources_pb2.Resource]:
         reply = self._call(_calls(info).list, config_pb2.ListRequest(space=space))
-        return [wrap(item) for item in reply.items]
+        return [resource_of(item) for item in reply.items]
 
-    def get(self, info: KindInfo, *, name: str, space: str = "") -> resources_pb2.Resource:
-        return wrap(self._call(_calls(info).get, config_pb2.ObjectRef(space=space, name=name)))
+    def get(self, info: Kind, *, name: str, space: str = "") -> resources_pb2.Resource:
+        return resource_of(
+            self._call(_calls(info).get, config_pb2.ObjectRef(space=space, name=name))
+        )
 
-    def delete(
-        self, info: KindInfo, *, name: str, space: str = "", resource_version: int = 0
-    ) -> int:
+    def delete(self, info: Kind, *, name: str, space: str = "", resource_version: int = 0) -> int:
         request = config_pb2.DeleteRequest(
             ref=config_pb2.ObjectRef(space=space, name=name), resource_version=resource_version
         )

@@ -7,7 +7,7 @@ spaces applied with prune through the config service's Apply (manager "gitops"),
 object changed or refused (refusals with `file:line`), and the sync status as JSON beside the
 checkout (`<var-dir>/gitops/sync-status.json`).
 
-The apply itself is `enmasse.config.gitops_sync.sync_tree`, the same code `enmasse-config
+The apply itself is `enmasse.resources.gitops_sync.sync_tree`, the same code `enmasse-config
 --manifests-dir` runs in a cluster, here driven through the CLI's gRPC client. Git is the `git`
 command (2.x): the checkout is the tool's own, so it is fetched and reset hard to the remote's
 head, never merged.
@@ -23,7 +23,7 @@ from typing import Protocol
 
 import click
 from enmasse.cli.client import CliError, ConfigClient
-from enmasse.config.gitops_sync import (
+from enmasse.resources.gitops_sync import (
     DEFAULT_MANAGER,
     SyncStatus,
     owned_spaces_of,
@@ -31,8 +31,7 @@ from enmasse.config.gitops_sync import (
     sync_tree,
     write_status,
 )
-from enmasse.resources.manifests import KINDS
-from enmasse.resources.validation import key_of
+from enmasse.resources.kinds import KINDS, key_of
 from enmasse.v1 import config_pb2
 
 GIT_TIMEOUT = 120.0

@@ -1,28 +1,21 @@
 """The words people type for a kind (`addr`, `addresses`, `as`) -> the kind itself.
 
 kubectl taught everyone to write `get addresses`, `get address`, or a short name; the API speaks
-`Address`. This table is the only place that knows the spellings, so `get`, `delete` and `watch`
-accept the same ones and refuse the rest with the list of what would have worked.
+`Address`. The spellings come from the one kinds table (`enmasse.resources.kinds`: each kind's
+plural and short names), so `get`, `delete` and `watch` accept the same ones and refuse the rest
+with the list of what would have worked.
 """
 
 from __future__ import annotations
 
-from enmasse.resources.manifests import KINDS, KindInfo
-
-_SHORT = {
-    "AddressSpacePlan": ("asp", "spaceplan", "spaceplans"),
-    "AddressPlan": ("ap", "plan", "plans"),
-    "AddressSpace": ("as", "space", "spaces"),
-    "Address": ("addr", "addrs"),
-    "MessagingUser": ("user", "users", "mu"),
-}
+from enmasse.resources.kinds import KINDS, Kind
 
 
-def _spellings() -> dict[str, KindInfo]:
-    words: dict[str, KindInfo] = {}
-    for name, info in KINDS.items():
-        for word in (name.lower(), info.plural, *_SHORT[name]):
-            words[word] = info
+def _spellings() -> dict[str, Kind]:
+    words: dict[str, Kind] = {}
+    for name, kind in KINDS.items():
+        for word in (name.lower(), kind.plural, *kind.short_names):
+            words[word] = kind
     return words
 
 
@@ -33,12 +26,12 @@ class UnknownKind(ValueError):
     pass
 
 
-def resolve_kind(word: str) -> KindInfo:
+def resolve_kind(word: str) -> Kind:
     """`addresses` -> Address; case-insensitive; the exact kind name works too."""
-    info = SPELLINGS.get(word.lower())
-    if info is None:
+    kind = SPELLINGS.get(word.lower())
+    if kind is None:
         raise UnknownKind(
             f'unknown kind "{word}": expected one of '
-            + ", ".join(f"{info.plural} ({'/'.join(_SHORT[name])})" for name, info in KINDS.items())
+            + ", ".join(f"{k.plural} ({'/'.join(k.short_names)})" for k in KINDS.values())
         )
-    return info
+    return kind

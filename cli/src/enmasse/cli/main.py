@@ -1,6 +1,6 @@
 """The `enmasse` command: wiring of the verbs to the modules that do the work.
 
-    enmasse up [--demo] | down | status          the local system under supervisord (local.py)
+    enmasse up [--demo] | down | status          the local system under supervisord (local/)
     enmasse send ADDRESS | receive ADDRESS       AMQP through a space's router (messaging.py)
     enmasse apply -f FILE|DIR [--space S]        manifests -> one atomic Apply per scope (apply.py)
     enmasse get KIND [NAME] [--space S] [-o table|yaml|json]
@@ -33,23 +33,18 @@ import structlog
 from enmasse.cli import dashboard as dashboard_view
 from enmasse.cli import diff as diffs
 from enmasse.cli import gitops as gitops_commands
-from enmasse.cli import local, messaging, offline
-from enmasse.cli import workloads as runtime_workloads
+from enmasse.cli import messaging, offline
 from enmasse.cli.apply import batches, outcome_line
 from enmasse.cli.client import DEFAULT_TIMEOUT, CliError, ConfigClient, resolve_server
 from enmasse.cli.kinds import UnknownKind, resolve_kind
+from enmasse.cli.local import runtime as local_runtime
+from enmasse.cli.local import stack
+from enmasse.cli.local.var_dir import VarDir
 from enmasse.cli.render import make_console, print_resources, print_table
 from enmasse.common.logging import configure_logging
-from enmasse.resources.manifests import (
-    KINDS,
-    KindInfo,
-    Loaded,
-    display_name,
-    inner,
-    kind_of,
-    load_paths,
-)
-from enmasse.resources.validation import key_of
+from enmasse.resources.contracts import ACTIVE, PENDING, STANDARD
+from enmasse.resources.kinds import KINDS, Kind, key_of, kind_of, object_of
+from enmasse.resources.manifests import Loaded, display_name, load_paths
 from enmasse.v1 import config_pb2, resources_pb2
 
 log = structlog.get_logger("enmasse.cli")
@@ -58,7 +53,7 @@ log = structlog.get_logger("enmasse.cli")
 @dataclass(frozen=True)
 class Settings:
     server_option: str | None
-    var: local.VarDir
+    var: VarDir
     timeout: float
 
     @property
@@ -95,17 +90,17 @@ def cli(
     else 127.0.0.1:5680.
     """
     configure_logging(service="cli", renderer="console", level="DEBUG" if verbose else "WARNING")
-    ctx.obj = Settings(server_option=server, var=local.VarDir.choose(var_dir), timeout=timeout)
+    ctx.obj = Settings(server_option=server, var=VarDir.choose(var_dir), timeout=timeout)
 
 
-def _kind(word: str) -> KindInfo:
+def _kind(word: str) -> Kind:
     try:
         return resolve_kind(word)
     except UnknownKind as exc:
         raise CliError(str(exc)) from None
 
 
-def _space_for(info: KindInfo, space: str, *, verb: str) -> str:
+def _space_for(info: Kind, space: str, *, verb: str) -> str:
     if info.space_scoped and not space:
         raise CliError(f"{info.plural} live in an address space: {verb} needs --space SPACE")
     return space if info.space_scoped else ""
@@ -292,7 +287,7 @@ def event_line(event: config_pb2.WatchEvent) -> str | None:
     word = _EVENT_WORDS.get(event.type)
     if word is None:
         return None
-    message = inner(event.object)
+    message = object_of(event.object)
     parts = [f"{word:<8}", display_name(event.object)]
     if message.metadata.space:
         parts.append(f"space={message.metadata.space}")
@@ -352,8 +347,8 @@ def _demo_space(folder: Path) -> str:
     """The first standard address space the examples declare: the one the demo talks to."""
     for manifest in load_paths([str(folder)]).manifests:
         if kind_of(manifest.resource) == "AddressSpace":
-            space = inner(manifest.resource)
-            if space.spec.type == "standard":
+            space = object_of(manifest.resource)
+            if space.spec.type == STANDARD:
                 return str(space.metadata.name)
     raise CliError(f"{folder} declares no standard address space to demonstrate")
 
@@ -374,10 +369,10 @@ def _wait_space_active(client: ConfigClient, *, space: str, timeout: float) -> N
 
 def _not_active(client: ConfigClient, *, space: str) -> list[str]:
     found = client.get(KINDS["AddressSpace"], name=space).address_space
-    laggards = [] if found.status.status.phase == "Active" else [f"space {_phase(found)}"]
+    laggards = [] if found.status.status.phase == ACTIVE else [f"space {_phase(found)}"]
     for wrapped in client.list(KINDS["Address"], space=space):
         address = wrapped.address
-        if address.status.status.phase != "Active":
+        if address.status.status.phase != ACTIVE:
             laggards.append(f"{address.metadata.name} {_phase(address)}")
     return laggards
 
@@ -385,7 +380,7 @@ def _not_active(client: ConfigClient, *, space: str) -> list[str]:
 def _phase(resource: resources_pb2.AddressSpace | resources_pb2.Address) -> str:
     status = resource.status.status
     why = f" ({'; '.join(status.messages)})" if status.messages else ""
-    return f"{status.phase or 'Pending'}{why}"
+    return f"{status.phase or PENDING}{why}"
 
 
 def _echo_endpoints(client: ConfigClient) -> None:
@@ -411,7 +406,7 @@ def _demo_round(client: ConfigClient, *, space: str) -> bool:
 def up(settings: Settings, demo: bool, examples: str | None) -> None:
     """Start etcd, the control plane, routers and brokers under supervisord (again: start what
     is not running). With --demo, apply examples/, wait until Active, send and receive."""
-    address, started = local.up(settings.var)
+    address, started = stack.up(settings.var)
     word = "started" if started else "already running"
     click.echo(f"enmasse {word}: config service at {address} (state in {settings.var.root})")
     server_settings = Settings(server_option=address, var=settings.var, timeout=settings.timeout)
@@ -539,11 +534,11 @@ def _messaging_target(
 @pass_settings
 def down(settings: Settings) -> None:
     """Stop supervisord and everything it started (and nothing else). Data stays in the var dir."""
-    stopped = local.down(settings.var)
+    stopped = stack.down(settings.var)
     if not stopped:
         click.echo(f"enmasse is not running (nothing to stop in {settings.var.root})")
         return
-    click.echo(f"stopped: {local.stopped_text(stopped)}")
+    click.echo(f"stopped: {stack.stopped_text(stopped)}")
 
 
 @cli.command()
@@ -552,9 +547,9 @@ def status(settings: Settings) -> None:
     """Processes (state, pid, uptime), then address spaces and addresses with their phase.
 
     Exit code 0 only when every process runs and the config service answers."""
-    if not local.running(settings.var):
+    if not stack.running(settings.var):
         raise CliError(f"enmasse is not running (no supervisord for {settings.var.root})")
-    rows = local.processes(settings.var)
+    rows = stack.processes(settings.var)
     console = make_console()
     print_table(
         console,
@@ -563,7 +558,7 @@ def status(settings: Settings) -> None:
     )
     console.out("")
     # The config service of this var dir, not whatever $ENMASSE_SERVER names.
-    server = settings.server_option or local.config_address(settings.var)
+    server = settings.server_option or stack.config_address(settings.var)
     _print_spaces_and_addresses(settings, server=server)
     if any(r.state != "RUNNING" for r in rows):
         raise SystemExit(1)
@@ -580,7 +575,7 @@ def runtime() -> None:
 def reconcile(settings: Settings, interval: float) -> None:
     """Follow the GitOps output: start and stop routers and brokers under supervisord."""
     configure_logging(service="runtime")
-    runtime_workloads.run(settings.var, interval=interval)
+    local_runtime.run(settings.var, interval=interval)
 
 
 # ---------------------------------------------------------------- dashboard

@@ -26,11 +26,20 @@ from enmasse.amqp.client import AmqpError, Client, Receiver
 from enmasse.amqp.wire import Outcome, Terminus
 from enmasse.cli.client import CliError
 from enmasse.common import tracing
+from enmasse.resources.contracts import (
+    ANYCAST,
+    MULTICAST,
+    PENDING,
+    QUEUE,
+    STORED_TYPES,
+    SUBSCRIPTION,
+    TOPIC,
+)
 from enmasse.v1 import resources_pb2
 from opentelemetry import trace
 
 # The order the demo goes through: a topic's message also lands in its durable subscription.
-DEMO_ORDER = ("queue", "topic", "subscription", "anycast", "multicast")
+DEMO_ORDER = (QUEUE, TOPIC, SUBSCRIPTION, ANYCAST, MULTICAST)
 
 
 @dataclass(frozen=True)
@@ -58,7 +67,7 @@ def space_endpoint(space: resources_pb2.AddressSpace) -> Endpoint:
     for endpoint in space.status.endpoints:
         if endpoint.name == "amqp" and endpoint.port:
             return Endpoint(host=endpoint.host or "127.0.0.1", port=endpoint.port)
-    phase = space.status.status.phase or "Pending"
+    phase = space.status.status.phase or PENDING
     raise CliError(
         f"address space '{space.metadata.name}' has no amqp endpoint yet (phase {phase}); "
         "wait until it is Active, or give --url"
@@ -264,7 +273,7 @@ def demo_addresses(addresses: Sequence[resources_pb2.Address]) -> list[DemoAddre
             continue
         first = found[0]
         publish_to = first.spec.address
-        if kind == "subscription":
+        if kind == SUBSCRIPTION:
             topic = by_name.get(first.spec.topic)
             publish_to = topic.spec.address if topic is not None else first.spec.topic
         chosen.append(DemoAddress(kind=kind, address=first.spec.address, publish_to=publish_to))
@@ -281,7 +290,7 @@ def demo_one(endpoint: Endpoint, target: DemoAddress, *, timeout: float = 10.0) 
         # The receiver first: topic, anycast and multicast give nothing to the absent.
         receiver = consumer.receiver(target.address, credit=10)
         outcome = producer.sender(target.publish_to).send_async(
-            codec.encode_message(body, durable=target.kind in ("queue", "topic", "subscription"))
+            codec.encode_message(body, durable=target.kind in STORED_TYPES)
         )
         # Earlier runs may have left messages here: read until ours, a bounded number of times.
         deadline = time.monotonic() + timeout

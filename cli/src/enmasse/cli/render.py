@@ -1,8 +1,10 @@
 """Resources -> what `get`, `status` and `watch` print: kubectl-like tables, YAML, JSON.
 
 `table_rows` is pure (headers and string cells per kind) so tests can check the columns without a
-terminal; `print_table` hands them to rich. Empty cells print as `-` so that every row splits into
-the same number of words (people pipe these tables into awk).
+terminal; `print_table` hands them to rich. The columns of each kind are the kinds table's
+(`enmasse.resources.kinds`, like a CRD's printer columns); here they are only formatted: lists
+joined with commas, booleans as yes/no, numbers short. Empty cells print as `-` so that every row
+splits into the same number of words (people pipe these tables into awk).
 """
 
 from __future__ import annotations
@@ -10,46 +12,41 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from enmasse.resources.manifests import KindInfo, dump_json, dump_yaml, inner
+from enmasse.resources.kinds import Column, Kind, object_of
+from enmasse.resources.manifests import dump_json, dump_yaml
 from enmasse.v1 import resources_pb2
 from rich.console import Console
 from rich.table import Table
 
-HEADERS: dict[str, tuple[str, ...]] = {
-    "AddressSpacePlan": ("NAME", "TYPE", "ADDRESS-PLANS", "MAX-ADDRESSES"),
-    "AddressPlan": ("NAME", "ADDRESS-TYPE", "BROKER", "PERSISTENT"),
-    "AddressSpace": ("NAME", "TYPE", "PLAN", "PHASE"),
-    "Address": ("SPACE", "NAME", "ADDRESS", "TYPE", "PLAN", "PHASE"),
-    "MessagingUser": ("SPACE", "NAME", "USERNAME"),
-}
 
-
-def _cell(value: object) -> str:
-    text = str(value)
+def _cell(value: Any, column: Column) -> str:
+    """One value as the table shows it; empty cells print as `-`."""
+    if isinstance(value, bool):
+        text = "yes" if value else "no"
+    elif isinstance(value, float):
+        text = f"{value:g}"
+    elif isinstance(value, int):
+        text = column.zero if column.zero and not value else str(value)
+    elif isinstance(value, str):
+        text = value
+    else:  # a repeated field
+        text = ",".join(str(item) for item in value)
     return text if text else "-"
 
 
-def _row(kind: str, message: Any) -> tuple[str, ...]:
-    meta, spec = message.metadata, message.spec
-    if kind == "AddressSpacePlan":
-        quota = spec.quotas.max_addresses or "unlimited"
-        return (meta.name, spec.address_space_type, ",".join(spec.address_plans), str(quota))
-    if kind == "AddressPlan":
-        persistent = "yes" if spec.persistent else "no"
-        return (meta.name, spec.address_type, f"{spec.broker:g}", persistent)
-    if kind == "AddressSpace":
-        return (meta.name, spec.type, spec.plan, message.status.status.phase)
-    if kind == "Address":
-        phase = message.status.status.phase
-        return (meta.space, meta.name, spec.address, spec.type, spec.plan, phase)
-    return (meta.space, meta.name, spec.username)
+def _field(message: Any, path: str) -> Any:
+    value = message
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
 
 
 def table_rows(
-    info: KindInfo, resources: Sequence[resources_pb2.Resource]
+    kind: Kind, resources: Sequence[resources_pb2.Resource]
 ) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
-    rows = [tuple(_cell(c) for c in _row(info.name, inner(r))) for r in resources]
-    return HEADERS[info.name], rows
+    headers = tuple(column.header for column in kind.columns)
+    rows = [tuple(_cell(_field(object_of(r), c.path), c) for c in kind.columns) for r in resources]
+    return headers, rows
 
 
 def make_console() -> Console:
@@ -76,7 +73,7 @@ def print_table(console: Console, headers: Sequence[str], rows: Sequence[Sequenc
 def print_resources(
     console: Console,
     *,
-    info: KindInfo,
+    info: Kind,
     resources: Sequence[resources_pb2.Resource],
     output: str,
     single: bool,

@@ -29,7 +29,7 @@ from typing import Any
 
 import grpc
 import structlog
-from enmasse.resources.validation import Key, key_of, object_of
+from enmasse.resources.kinds import Key, key_of, object_of
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
 log = structlog.get_logger(__name__)

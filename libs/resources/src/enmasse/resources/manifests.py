@@ -20,6 +20,9 @@ json_format's nested "Failed to parse spec field: ..." text.
 
 And back: `to_manifest` / `dump_yaml` render resources as the same manifests (for `get -o yaml`),
 so that what `get` prints can be edited and applied again.
+
+Which kinds exist, which message each one is and which part of it is spec or status: the one
+table, `enmasse.resources.kinds`.
 """
 
 from __future__ import annotations
@@ -33,45 +36,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from enmasse.resources.kinds import API_VERSION, KINDS, kind_of, object_of, resource_of
 from enmasse.v1 import resources_pb2
 from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
-from google.protobuf.message import Message
 
-API_VERSION = "enmasse.io/v1"
 MANIFEST_SUFFIXES = (".yaml", ".yml")
-
-
-@dataclass(frozen=True)
-class KindInfo:
-    name: str
-    field: str  # the Resource oneof field
-    message: type[Message]
-    space_scoped: bool
-    plural: str
-
-
-KINDS: dict[str, KindInfo] = {
-    info.name: info
-    for info in (
-        KindInfo(
-            "AddressSpacePlan",
-            "address_space_plan",
-            resources_pb2.AddressSpacePlan,
-            False,
-            "addressspaceplans",
-        ),
-        KindInfo("AddressPlan", "address_plan", resources_pb2.AddressPlan, False, "addressplans"),
-        KindInfo(
-            "AddressSpace", "address_space", resources_pb2.AddressSpace, False, "addressspaces"
-        ),
-        KindInfo("Address", "address", resources_pb2.Address, True, "addresses"),
-        KindInfo(
-            "MessagingUser", "messaging_user", resources_pb2.MessagingUser, True, "messagingusers"
-        ),
-    )
-}
-_KIND_BY_FIELD = {info.field: info for info in KINDS.values()}
 
 
 @dataclass(frozen=True)
@@ -124,32 +94,10 @@ class _BadManifest(Exception):
 # ---------------------------------------------------------------- resource helpers
 
 
-def kind_of(resource: resources_pb2.Resource) -> str:
-    which = resource.WhichOneof("kind")
-    if which is None:
-        raise ValueError("empty Resource: no kind set")
-    return _KIND_BY_FIELD[which].name
-
-
-def inner(resource: resources_pb2.Resource) -> Any:
-    """The typed message inside a Resource (an Address, an AddressPlan, ...)."""
-    return getattr(resource, _KIND_BY_FIELD[resource.WhichOneof("kind") or ""].field)
-
-
-def wrap(message: Message) -> resources_pb2.Resource:
-    """A typed message (Address, ...) as a Resource."""
-    for info in KINDS.values():
-        if isinstance(message, info.message):
-            resource = resources_pb2.Resource()
-            getattr(resource, info.field).CopyFrom(message)
-            return resource
-    raise TypeError(f"not a resource message: {type(message).__name__}")
-
-
 def scope_of(resource: resources_pb2.Resource) -> str:
     """The Apply scope a resource belongs to: "" for plans, the space name otherwise."""
     kind = kind_of(resource)
-    meta = inner(resource).metadata
+    meta = object_of(resource).metadata
     if kind == "AddressSpace":
         return str(meta.name)
     return str(meta.space) if KINDS[kind].space_scoped else ""
@@ -157,7 +105,7 @@ def scope_of(resource: resources_pb2.Resource) -> str:
 
 def display_name(resource: resources_pb2.Resource) -> str:
     """`address/orders`, the way apply and delete report a resource (kubectl's form)."""
-    return f"{kind_of(resource).lower()}/{inner(resource).metadata.name}"
+    return f"{kind_of(resource).lower()}/{object_of(resource).metadata.name}"
 
 
 # ---------------------------------------------------------------- loading
@@ -312,7 +260,7 @@ def parse_document(data: object, *, default_space: str = "") -> resources_pb2.Re
                 path="metadata",
             )
         meta.space = default_space
-    return wrap(message)
+    return resource_of(message)
 
 
 def _unknown_kind_message(kind: str) -> str:
@@ -464,10 +412,11 @@ def _snake(name: str) -> str:
 
 def to_manifest(resource: resources_pb2.Resource) -> dict[str, Any]:
     """A Resource as the manifest dict people write (camelCase keys, empty fields left out)."""
-    message = inner(resource)
-    out: dict[str, Any] = {"apiVersion": API_VERSION, "kind": kind_of(resource)}
-    for part in ("metadata", "spec", "status"):
-        if part in message.DESCRIPTOR.fields_by_name and message.HasField(part):
+    message = object_of(resource)
+    kind = KINDS[kind_of(resource)]
+    out: dict[str, Any] = {"apiVersion": API_VERSION, "kind": kind.name}
+    for part in ("metadata", kind.spec, kind.status):
+        if part and message.HasField(part):
             out[part] = json_format.MessageToDict(getattr(message, part))
     out.setdefault("metadata", {})
     out.setdefault("spec", {})

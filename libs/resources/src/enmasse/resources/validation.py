@@ -17,6 +17,9 @@ against it, and a messaging user keeps its stored password hash).
 Each violation says whether it is a *precondition* (it names something that must exist first, a
 plan that forbids it, a quota) or plain bad input; the config service answers FAILED_PRECONDITION
 for the former and INVALID_ARGUMENT for the latter.
+
+The words the rules check against (address and space types, operations) are the contracts of
+`enmasse.resources.contracts`; the kinds and their keys are the table of `enmasse.resources.kinds`.
 """
 
 from __future__ import annotations
@@ -25,36 +28,31 @@ import dataclasses
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any
 
+from enmasse.resources.contracts import (
+    ADDRESS_TYPES,
+    OPERATIONS,
+    SPACE_TYPES,
+    STORED_TYPES,
+    SUBSCRIPTION,
+    TOPIC,
+    TYPES_BY_SPACE_TYPE,
+)
+from enmasse.resources.kinds import (
+    KINDS,
+    SPACE_SCOPED_KINDS,
+    AnyObject,
+    Key,
+    key_of,
+    kind_of,
+    object_of,
+)
 from enmasse.v1 import resources_pb2
 
-ADDRESS_TYPES = ("anycast", "multicast", "queue", "topic", "subscription")
-SPACE_TYPES = ("standard", "brokered")
-TYPES_BY_SPACE_TYPE = {"standard": ADDRESS_TYPES, "brokered": ("queue", "topic")}
-BROKERED_TYPES = ("queue", "topic", "subscription")
-"""The types that live on brokers; anycast and multicast only ever pass through routers."""
-OPERATIONS = ("send", "recv", "view", "manage")
 MAX_ADDRESS_LENGTH = 255
-KINDS = ("AddressSpacePlan", "AddressPlan", "AddressSpace", "Address", "MessagingUser")
-SPACE_SCOPED_KINDS = ("Address", "MessagingUser")
 
 _DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # used with fullmatch
-_ONEOF_BY_KIND = {
-    "AddressSpacePlan": "address_space_plan",
-    "AddressPlan": "address_plan",
-    "AddressSpace": "address_space",
-    "Address": "address",
-    "MessagingUser": "messaging_user",
-}
-_KIND_BY_ONEOF = {v: k for k, v in _ONEOF_BY_KIND.items()}
-
-AnyObject: TypeAlias = Any
-"""One of the five resource messages (AddressSpacePlan, AddressPlan, AddressSpace, Address,
-MessagingUser). Typed loosely on purpose: the messages share `metadata` and `spec` by convention,
-not by a common base class that a type checker could follow."""
-Key = tuple[str, str, str]
-"""(kind, space, name): space is empty for cluster-scoped kinds."""
 
 
 @dataclass(frozen=True)
@@ -124,46 +122,8 @@ class Catalog:
         )
 
     def _table(self, kind: str) -> dict[Any, Any]:
-        tables: dict[str, dict[Any, Any]] = {
-            "AddressSpacePlan": self.address_space_plans,
-            "AddressPlan": self.address_plans,
-            "AddressSpace": self.address_spaces,
-            "Address": self.addresses,
-            "MessagingUser": self.messaging_users,
-        }
-        return tables[kind]
-
-
-# ------------------------------------------------------------------ resources and their kinds
-
-
-def kind_of(resource: resources_pb2.Resource | AnyObject) -> str:
-    """ "Address", "AddressSpace", ... for a Resource or for the message inside one."""
-    if isinstance(resource, resources_pb2.Resource):
-        which = resource.WhichOneof("kind")
-        if which is None:
-            raise ValueError("the resource holds no object")
-        return _KIND_BY_ONEOF[which]
-    return type(resource).DESCRIPTOR.name
-
-
-def object_of(resource: resources_pb2.Resource) -> AnyObject:
-    """The message inside a Resource (an Address, an AddressSpace, ...)."""
-    return getattr(resource, _ONEOF_BY_KIND[kind_of(resource)])
-
-
-def resource_of(obj: AnyObject) -> resources_pb2.Resource:
-    """Wraps an Address, AddressSpace, ... into a Resource (a copy)."""
-    resource = resources_pb2.Resource()
-    getattr(resource, _ONEOF_BY_KIND[kind_of(obj)]).CopyFrom(obj)
-    return resource
-
-
-def key_of(resource: resources_pb2.Resource | AnyObject) -> Key:
-    obj = object_of(resource) if isinstance(resource, resources_pb2.Resource) else resource
-    kind = kind_of(obj)
-    space = obj.metadata.space if kind in SPACE_SCOPED_KINDS else ""
-    return kind, space, obj.metadata.name
+        table: dict[Any, Any] = getattr(self, KINDS[kind].collection)
+        return table
 
 
 # ------------------------------------------------------------------ the public rules
@@ -206,7 +166,7 @@ def validate_delete(key: Key, *, catalog: Catalog) -> list[Violation]:
         readers = sorted(
             n
             for (s, n), obj in catalog.addresses.items()
-            if s == space and obj.spec.type == "subscription" and obj.spec.topic == name
+            if s == space and obj.spec.type == SUBSCRIPTION and obj.spec.topic == name
         )
         return [
             Violation(
@@ -424,7 +384,7 @@ class _Rules:
             self.bad(
                 "spec.address_type", _not_one_of(spec.address_type, "address type", ADDRESS_TYPES)
             )
-        if spec.address_type in BROKERED_TYPES and not spec.broker > 0:
+        if spec.address_type in STORED_TYPES and not spec.broker > 0:
             self.bad(
                 "spec.broker",
                 f"must be greater than 0 for a {spec.address_type} plan (got {_num(spec.broker)})",
@@ -550,7 +510,7 @@ class _Rules:
             )
 
     def _topic(self, spec: resources_pb2.AddressSpec) -> None:
-        if spec.type != "subscription":
+        if spec.type != SUBSCRIPTION:
             if spec.topic:
                 self.bad("spec.topic", "only a subscription names a topic")
             return
@@ -564,7 +524,7 @@ class _Rules:
                 f"topic address '{spec.topic}' not found in address space '{self.space}'",
                 precondition=True,
             )
-        elif topic.spec.type != "topic":
+        elif topic.spec.type != TOPIC:
             self.bad(
                 "spec.topic",
                 f"address '{spec.topic}' is of type '{topic.spec.type}', not 'topic'",

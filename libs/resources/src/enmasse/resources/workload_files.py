@@ -8,6 +8,9 @@ a writer wants for a space (id -> YAML). Out: the ids whose files were written o
 Writes are atomic (temp file + rename: the local runtime and Argo CD never read half a file) and
 skipped when the text is unchanged, so re-rendering an unchanged placement changes no byte and
 makes no git commit.
+
+The labels and annotations both kinds of workload carry are named here; what a router file and
+a broker file say besides is in `rendered_routers` and `rendered_brokers`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,12 @@ from pathlib import Path
 from typing import TypeVar
 
 Workload = TypeVar("Workload")
+
+WORKLOADS = "workloads"  # <root>/workloads/<space>/<id>.yaml
+LABEL_SPACE = "enmasse.io/space"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"  # whose file it is: only its writer touches it
+ANNOTATION_AMQP_PORT = "enmasse.io/local-amqp-port"  # the loopback ports of the local runtime
+ANNOTATION_ADMIN_PORT = "enmasse.io/local-admin-port"
 
 
 def owned_files(

@@ -32,7 +32,8 @@ from enmasse.broker.inbox import DrainTokens, InboxAddress, identity_problem
 from enmasse.broker.journal import Journal, Recovered
 from enmasse.broker.plan import Plan
 from enmasse.broker.queue import MemoryBudget, Queue
-from enmasse.broker.topic import SEPARATOR, Subscription, Topic
+from enmasse.broker.topic import Subscription, Topic
+from enmasse.resources.contracts import SUBSCRIPTION_SEPARATOR
 
 log = structlog.get_logger(__name__)
 
@@ -59,8 +60,11 @@ def name_problem(name: str) -> str | None:
     """Why `name` cannot be a queue or topic name, or None when it can."""
     if not name:
         return "address name must not be empty"
-    if SEPARATOR in name:
-        return f"address name {name!r} must not contain {SEPARATOR!r} (reserved for subscriptions)"
+    if SUBSCRIPTION_SEPARATOR in name:
+        return (
+            f"address name {name!r} must not contain {SUBSCRIPTION_SEPARATOR!r} "
+            "(reserved for subscriptions)"
+        )
     if not _NAME.fullmatch(name):
         return (
             f"address name {name!r} is invalid: 1-255 characters of letters, digits and _ . - / #, "
@@ -274,9 +278,9 @@ class Broker:
     def find_queue(self, address: str) -> Queue | None:
         """A queue by name, or a subscription queue by `<topic>::<identity>`."""
         queue = self.queues.get(address)
-        if queue is not None or SEPARATOR not in address:
+        if queue is not None or SUBSCRIPTION_SEPARATOR not in address:
             return queue
-        topic_name, identity = address.split(SEPARATOR, 1)
+        topic_name, identity = address.split(SUBSCRIPTION_SEPARATOR, 1)
         topic = self.topics.get(topic_name)
         sub = topic.subscriptions.get(identity) if topic else None
         return sub.queue if sub else None
@@ -302,7 +306,7 @@ class Broker:
 
     def has_room(self, address: str) -> bool:
         target = self.queues.get(address) or self.topics.get(address)
-        if target is None and SEPARATOR in address:
+        if target is None and SUBSCRIPTION_SEPARATOR in address:
             target = self.find_queue(address)  # a drain feeding a subscription queue
         return target.has_room() if target is not None else False
 
@@ -333,7 +337,7 @@ class Broker:
         if queue is None:
             topic = self.topics.get(address)
             if topic is None:
-                queue = self.find_queue(address) if SEPARATOR in address else None
+                queue = self.find_queue(address) if SUBSCRIPTION_SEPARATOR in address else None
                 if queue is None:
                     raise NotFound(f"no queue or topic {address!r} on this broker")
                 plan = queue.plan

@@ -52,7 +52,8 @@ from enmasse.broker.hops import TracedMessages
 from enmasse.broker.inbox import DRAIN_TOKEN_PROPERTY
 from enmasse.broker.journal import GroupCommitter
 from enmasse.broker.queue import ACCEPTED, Queue, Settlement
-from enmasse.broker.topic import SEPARATOR, durable_identity
+from enmasse.broker.topic import durable_identity
+from enmasse.resources.contracts import SUBSCRIPTION_SEPARATOR
 
 log = structlog.get_logger(__name__)
 
@@ -243,7 +244,7 @@ class BrokerConnection(ConnectionHandler):
             link.refuse(Condition(NOT_IMPLEMENTED, "the broker needs a target address"))
             return
         drain = self._is_drain(link.connection)
-        if SEPARATOR in address and not drain:
+        if SUBSCRIPTION_SEPARATOR in address and not drain:
             link.refuse(
                 Condition(
                     UNAUTHORIZED,

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from enmasse.broker.entry import Entry
 from enmasse.broker.plan import Plan
 from enmasse.broker.queue import CountedHook, MemoryBudget, Queue, RemovedHook
-
-SEPARATOR = "::"
+from enmasse.resources.contracts import SUBSCRIPTION_SEPARATOR
 
 
 def durable_identity(*, container_id: str, link_name: str, shared: bool) -> str:
@@ -57,7 +56,7 @@ class Topic:
         self.published = 0
 
     def queue_name(self, identity: str) -> str:
-        return f"{self.name}{SEPARATOR}{identity}"
+        return f"{self.name}{SUBSCRIPTION_SEPARATOR}{identity}"
 
     def subscribe(self, *, identity: str, durable: bool) -> tuple[Subscription, bool]:
         """Returns the subscription, and whether it was created now (False: resumed)."""

@@ -2,7 +2,7 @@
 
 Reads the flags, connects the store to etcd, stores the default plans on an empty store, serves the
 ConfigService (with health and reflection), with --manifests-dir also the GitOps sync of that
-directory (`enmasse.config.gitops_sync`), and reports the bound port: in the log, on stdout as
+directory (`enmasse.config.gitops_follow`), and reports the bound port: in the log, on stdout as
 `listening on <host>:<port>` and, with --port-file, in that file (written atomically), so that
 tests and `enmasse up` can start it on port 0 and read the port back.
 """
@@ -18,10 +18,11 @@ import structlog
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server, until_terminated, write_port_file
 from enmasse.common.tracing import configure_service_tracing
-from enmasse.config.gitops_sync import DEFAULT_MANAGER, follow_tree, owned_spaces_of
+from enmasse.config.gitops_follow import follow_tree
 from enmasse.config.health import follow_store_health
 from enmasse.config.servicer import ConfigServicer
 from enmasse.config.store import DEFAULT_PREFIX, Store, StoreUnavailable
+from enmasse.resources.gitops_sync import DEFAULT_MANAGER, owned_spaces_of
 from enmasse.v1 import config_pb2_grpc
 
 log = structlog.get_logger("enmasse.config")
@@ -43,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--manifests-dir",
         type=Path,
         default=None,
-        help="GitOps sync mode: apply DIR/<space>/*.yaml with prune, per space (gitops_sync.py)",
+        help="GitOps sync mode: apply DIR/<space>/*.yaml with prune, per space (gitops_follow.py)",
     )
     parser.add_argument(
         "--sync-interval", type=float, default=5.0, help="seconds between checks of the dir"

@@ -9,6 +9,9 @@ catalog once it has seen G (`enmasse.config.cache`), compute the commit with
 etcd transaction that compares the guard with G, and start over when somebody else wrote in
 between. Writes are serialized in-process by one lock, so concurrent requests to this process
 never race each other; the guard covers other processes.
+
+What differs between kinds (the message a List answers with, whether an object is named by space
+and name or by name alone) is read from the one kinds table, `enmasse.resources.kinds`.
 """
 
 from __future__ import annotations
@@ -24,21 +27,15 @@ from enmasse.config.cache import CatalogCache
 from enmasse.config.store import Commit, Store, StoreRefused, StoreUnavailable
 from enmasse.config.watch import watch_events
 from enmasse.config.writes import Refused
+from enmasse.resources.kinds import KINDS, AnyObject, Key
 from enmasse.resources.plans import load_default_plans
-from enmasse.resources.validation import SPACE_SCOPED_KINDS, AnyObject, Catalog, Key
+from enmasse.resources.validation import Catalog
 from enmasse.v1 import config_pb2, config_pb2_grpc
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 MAX_ATTEMPTS = 20
 DEFAULTS_MANAGER = "enmasse-defaults"
-_LISTS = {
-    "AddressSpacePlan": config_pb2.AddressSpacePlanList,
-    "AddressPlan": config_pb2.AddressPlanList,
-    "AddressSpace": config_pb2.AddressSpaceList,
-    "Address": config_pb2.AddressList,
-    "MessagingUser": config_pb2.MessagingUserList,
-}
 
 
 class ConfigServicer(config_pb2_grpc.ConfigServiceServicer):
@@ -142,7 +139,7 @@ class ConfigServicer(config_pb2_grpc.ConfigServiceServicer):
                 for obj in objects
                 if all(obj.metadata.labels.get(k) == v for k, v in wanted.items())
             ]
-            return _LISTS[kind](items=items, revision=revision)
+            return KINDS[kind].list_message(items=items, revision=revision)
 
         return await _answering(context, run)
 
@@ -290,7 +287,7 @@ def _answer(stored: AnyObject, revision: int) -> AnyObject:
 def _key(kind: str, ref: config_pb2.ObjectRef) -> Key:
     if not ref.name:
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "ref.name must not be empty")
-    if kind in SPACE_SCOPED_KINDS:
+    if KINDS[kind].space_scoped:
         if not ref.space:
             raise Refused(
                 grpc.StatusCode.INVALID_ARGUMENT,

@@ -37,13 +37,7 @@ from typing import Any
 import grpc
 import structlog
 from aetcd import rpc
-from enmasse.resources.validation import (
-    KINDS,
-    SPACE_SCOPED_KINDS,
-    AnyObject,
-    Key,
-)
-from enmasse.v1 import resources_pb2
+from enmasse.resources.kinds import KINDS, SPACE_SCOPED_KINDS, AnyObject, Key
 
 log = structlog.get_logger(__name__)
 DEFAULT_PREFIX = "/enmasse/v1"
@@ -158,7 +152,7 @@ class Store:
         return None
 
     def _decode(self, key: Key, value: bytes, mod_revision: int) -> AnyObject:
-        obj = getattr(resources_pb2, key[0])()
+        obj: AnyObject = KINDS[key[0]].message()
         obj.ParseFromString(value)
         obj.metadata.resource_version = mod_revision
         return obj
@@ -292,13 +286,13 @@ class Store:
     def _change(self, key: Key, event: Any, *, deleted: bool) -> Change:
         kv = event.kv
         if not deleted:
-            obj = self._decode(key, kv.value, kv.mod_revision)
+            obj: AnyObject = self._decode(key, kv.value, kv.mod_revision)
             created = kv.create_revision == kv.mod_revision
             return Change("put", key, obj, int(kv.mod_revision), created)
         if event.HasField("prev_kv"):
             obj = self._decode(key, event.prev_kv.value, event.prev_kv.mod_revision)
         else:  # the previous value was compacted away: name the object at least
-            obj = getattr(resources_pb2, key[0])()
+            obj = KINDS[key[0]].message()
             obj.metadata.name = key[2]
             obj.metadata.space = key[1]
         return Change("delete", key, obj, int(kv.mod_revision), False)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import grpc
 from enmasse.config.store import Change, Compacted, Store, StoreUnavailable
 from enmasse.config.writes import PLAN_KINDS, Refused, public_form
-from enmasse.resources.validation import KINDS, Key, key_of, resource_of
+from enmasse.resources.kinds import KINDS, Key, key_of, resource_of
 from enmasse.v1 import config_pb2
 
 Event = config_pb2.WatchEvent

@@ -20,16 +20,19 @@ from typing import Any
 import grpc
 from enmasse.common.passwords import hash_password, verify_password
 from enmasse.config.store import Commit
-from enmasse.resources.validation import (
+from enmasse.resources.kinds import (
+    KINDS,
     SPACE_SCOPED_KINDS,
     AnyObject,
-    Catalog,
     Key,
-    Violation,
     key_of,
     kind_of,
     object_of,
     resource_of,
+)
+from enmasse.resources.validation import (
+    Catalog,
+    Violation,
     validate_batch,
     validate_delete,
     validate_resource,
@@ -134,8 +137,9 @@ def created(desired: AnyObject) -> AnyObject:
     stored.metadata.uid = str(uuid.uuid4())
     stored.metadata.created_at.CopyFrom(_now())
     stored.metadata.resource_version = 0
-    if kind_of(stored) != "MessagingUser" and kind_of(stored) not in PLAN_KINDS:
-        stored.ClearField("status")  # status belongs to controllers, not to creators
+    status = KINDS[kind_of(stored)].status
+    if status:
+        stored.ClearField(status)  # status belongs to controllers, not to creators
     if kind_of(stored) == "MessagingUser":
         _hash_into(stored)
     return stored
@@ -147,8 +151,9 @@ def updated(desired: AnyObject, *, existing: AnyObject) -> AnyObject:
     meta.uid = existing.metadata.uid
     meta.created_at.CopyFrom(existing.metadata.created_at)
     meta.managed_by = meta.managed_by or existing.metadata.managed_by
-    if kind_of(stored) not in PLAN_KINDS and kind_of(stored) != "MessagingUser":
-        stored.status.CopyFrom(existing.status)
+    status = KINDS[kind_of(stored)].status
+    if status:
+        getattr(stored, status).CopyFrom(getattr(existing, status))
     changed = spec_changed(desired, existing=existing)
     if kind_of(stored) == "MessagingUser":
         if stored.spec.password:

@@ -1,8 +1,8 @@
 """The router-agent's loop: follow the store, push to routers, report phases.
 
 What flows in: Address, AddressSpace and MessagingUser changes through the informer (spec, the
-storage-controller's placement, users' password hashes), the router and broker directories, and
-the routers' answers.
+storage-controller's placement, users' password hashes), the space's routers and brokers from the
+`Directory` (`enmasse.resources.discovery`), and the routers' answers.
 What flows out: a RouterConfig pushed to every router of every space (same generation, peers =
 the others), Address status phase (Active / Configuring with why) and AddressSpace status
 (phase, amqp endpoints of its routers) written through the config service, and, given a GitOps
@@ -34,9 +34,9 @@ from typing import Any
 
 import grpc
 import structlog
+from enmasse.resources.discovery import Directory
 from enmasse.resources.informer import Informer
-from enmasse.resources.validation import object_of
-from enmasse.router_agent.directory import BrokerDirectory, RouterDirectory
+from enmasse.resources.kinds import object_of
 from enmasse.router_agent.push import RouterSession
 from enmasse.router_agent.routing import (
     Readiness,
@@ -73,15 +73,13 @@ class RouterAgent:
         self,
         *,
         config_target: str | Callable[[], str],
-        routers: RouterDirectory,
-        brokers: BrokerDirectory,
+        directory: Directory,
         tick: float = 0.5,
         probe_every: float = 1.0,
         workloads: RouterWorkloads | None = None,
     ) -> None:
         self._config_target = config_target
-        self.routers = routers
-        self.brokers = brokers
+        self.directory = directory
         self.workloads = workloads
         self.tick = tick
         self.probe_every = probe_every
@@ -149,8 +147,7 @@ class RouterAgent:
 
     async def reconcile(self) -> None:
         self.passes += 1
-        self.routers.refresh()
-        self.brokers.refresh()
+        self.directory.refresh()
         target = self._config_target() if callable(self._config_target) else self._config_target
         probe = time.monotonic() - self._last_probe >= self.probe_every
         if probe:
@@ -188,12 +185,12 @@ class RouterAgent:
     ) -> None:
         name = space.metadata.name
         addresses = [object_of(r) for r in self.informer.list("Address", space=name)]
-        routers = self.routers.routers(name)
+        routers = self.directory.routers(name)
         routing = self.spaces.setdefault(name, SpaceRouting(space=name))
         routes, held_back = address_routes(
             addresses=addresses,
             placements=placements_of(addresses),
-            brokers=self.brokers.brokers(name),
+            brokers=self.directory.brokers(name),
         )
         sessions = await self._sessions(name, routers)
         ahead = max((s.ahead for s in sessions.values()), default=0)

@@ -1,7 +1,7 @@
 """`enmasse-router-agent`: wiring and start-up of the router-agent, nothing else.
 
-Reads the flags, builds the router and broker directories over the ports files the processes
-write (`<var>/routers/<space>/<id>/ports.json`, `<var>/brokers/<space>/<id>/ports.json`),
+Reads the flags, builds the local `Directory` over the ports files the processes write
+(`<var>/routers/<space>/<id>/ports.json`, `<var>/brokers/<space>/<id>/ports.json`),
 starts the agent loop against the config service (rendering router workloads into --gitops-dir
 when given) and serves RouterAgent (with health and reflection). The bound port goes to the log,
 to stdout as `listening on <host>:<port>` and, with --port-file, into that file.
@@ -19,8 +19,8 @@ import structlog
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server, until_terminated, write_port_file
 from enmasse.common.tracing import configure_service_tracing
+from enmasse.resources.discovery import LocalDirectory
 from enmasse.router_agent.agent import RouterAgent
-from enmasse.router_agent.directory import PortsTreeBrokers, PortsTreeRouters
 from enmasse.router_agent.servicer import SERVICE_NAME, RouterAgentServicer
 from enmasse.router_agent.workloads import RouterWorkloads
 from enmasse.v1 import router_agent_pb2_grpc
@@ -57,8 +57,11 @@ async def serve(args: argparse.Namespace) -> None:
     var = Path(args.var)
     agent = RouterAgent(
         config_target=args.config,
-        routers=PortsTreeRouters(Path(args.routers_dir or var / "routers")),
-        brokers=PortsTreeBrokers(Path(args.brokers_dir or var / "brokers")),
+        directory=LocalDirectory(
+            var,
+            routers=Path(args.routers_dir) if args.routers_dir else None,
+            brokers=Path(args.brokers_dir) if args.brokers_dir else None,
+        ),
         tick=args.tick,
         workloads=(
             RouterWorkloads(Path(args.gitops_dir), routers_per_space=args.routers_per_space)

@@ -21,14 +21,15 @@ import contextlib
 
 import grpc
 import structlog
-from enmasse.router_agent.routing import RouterEndpoint
+from enmasse.resources.contracts import SYSTEM_PREFIX
+from enmasse.resources.discovery import RouterEndpoint
 from enmasse.v1 import router_pb2, router_pb2_grpc
 
 log = structlog.get_logger(__name__)
 
 PUSH_DEADLINE = 10.0
 PROBE_DEADLINE = 2.0
-PROBE_ADDRESS = "$enmasse/router-agent/probe"  # never a client address: `$` is not allowed there
+PROBE_ADDRESS = f"{SYSTEM_PREFIX}enmasse/router-agent/probe"  # never a client address
 
 
 class RouterSession:

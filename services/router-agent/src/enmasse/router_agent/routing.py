@@ -12,8 +12,8 @@ Rules:
   out what it still holds). Without a placement, or while no placed broker has a known endpoint,
   the address stays out of the configuration (a router refuses a waypoint address with no broker)
   and its phase says why;
-- a broker the storage-controller says does not hold the address yet (`waiting for broker: b` in
-  the address's status) stays out of its route, and with every placed broker waiting the address
+- a broker the storage-controller says does not hold the address yet (`waiting` in its entry of
+  the address's placement) stays out of its route, and with every placed broker waiting the address
   stays out altogether: a router given a broker that lacks the address would attach to it and be
   refused; the route appears once the broker holds it (the status changes, the agent pushes).
   A route the routers already run is kept, though (`SpaceRouting.update`): withdrawing it would
@@ -38,56 +38,25 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from enmasse.resources.contracts import (
+    ACTIVE,
+    CONFIGURING,
+    DIRECT_TYPES,
+    FAILED,
+    PENDING,
+    STORED_TYPES,
+    TERMINATING,
+)
+from enmasse.resources.discovery import BrokerEndpoint, RouterEndpoint
 from enmasse.v1 import resources_pb2, router_pb2
 
-DIRECT_TYPES = frozenset({"anycast", "multicast"})
-STORED_TYPES = frozenset({"queue", "topic", "subscription"})
-
-ACTIVE = "Active"
-BROKER_NOT_READY = "waiting for broker:"  # the storage-controller's: a broker lacks the address
+BROKER_NOT_READY = "waiting for broker:"  # held back: every placed broker waits for the address
 AGENT_REASONS = (
     "waiting for a broker placement",
     "no known endpoint yet for broker",
     "waiting for router",
     "no router of the space is running",
 )
-CONFIGURING = "Configuring"
-PENDING = "Pending"
-TERMINATING = "Terminating"
-FAILED = "Failed"
-
-
-@dataclass(frozen=True)
-class RouterEndpoint:
-    """One router process of a space, as the runtime publishes it."""
-
-    router_id: str
-    host: str
-    admin_port: int
-    amqp_port: int
-    inter_router_port: int
-
-    @property
-    def admin(self) -> str:
-        return f"{self.host}:{self.admin_port}"
-
-    @property
-    def amqp(self) -> str:
-        return f"{self.host}:{self.amqp_port}"
-
-
-@dataclass(frozen=True)
-class BrokerEndpoint:
-    """One broker process of a space: its AMQP listener (for routers) and admin port."""
-
-    name: str
-    host: str
-    amqp_port: int
-    admin_port: int = 0
-
-    @property
-    def admin(self) -> str:
-        return f"{self.host}:{self.admin_port}"
 
 
 @dataclass(frozen=True)
@@ -144,12 +113,7 @@ def address_routes(
 
 def brokers_waiting(address: resources_pb2.Address) -> frozenset[str]:
     """The brokers the storage-controller says do not hold the address yet."""
-    waiting: set[str] = set()
-    for message in address.status.status.messages:
-        if message.startswith(BROKER_NOT_READY):
-            names = message[len(BROKER_NOT_READY) :].split(",")
-            waiting.update(n.strip() for n in names if n.strip())
-    return frozenset(waiting)
+    return frozenset(b.broker for b in address.status.brokers if b.waiting)
 
 
 def _waypoints(
@@ -366,13 +330,14 @@ def status_to_write(
     """The status the agent writes for `address`, or None when it leaves the status alone.
 
     The division of labour with the storage-controller, which owns stored addresses' placement
-    and phase up to Configuring (with messages `placed on broker ...`, `waiting for broker: ...`
-    or `broker ready: ...`), and Pending/Failed when it cannot place:
+    (each broker `waiting` for the address or not) and phase up to Configuring (with messages
+    `placed on broker ...`, `waiting for broker: ...` or `broker ready: ...`, for people), and
+    Pending/Failed when it cannot place:
     - direct addresses (anycast, multicast) are the agent's alone: phase and message;
     - a stored address nobody has spoken of yet (no placement, no phase) gets the agent's
       Configuring and its reason;
     - a placed stored address is set Active, and only that, once every router runs it and the
-      storage-controller says its brokers hold it (no `waiting for broker:`); its messages stay,
+      storage-controller says its brokers hold it (none of them `waiting`); its messages stay,
       except the agent's own earlier reasons. Anything else is the storage-controller's verdict
       and is left as it is, so the two never overwrite each other back and forth.
     """
@@ -391,7 +356,7 @@ def status_to_write(
     else:
         if wanted.phase != ACTIVE or current.status.phase in (ACTIVE, PENDING, FAILED):
             return None
-        if any(m.startswith(BROKER_NOT_READY) for m in current.status.messages):
+        if any(b.waiting for b in current.brokers):
             return None
         desired.status.phase = ACTIVE
         desired.status.messages[:] = [

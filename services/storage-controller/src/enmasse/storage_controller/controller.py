@@ -1,9 +1,10 @@
 """The reconcile loop: declared addresses and plans in, brokers rendered and stocked, statuses out.
 
 In: the config service's resources through an `Informer` (addresses, address spaces, plans), the
-brokers' BrokerAdmin (found through a `BrokerDirectory`). Out: broker workloads in the GitOps
-output, queues and topics ensured (with their plan) on the brokers that hold them, messages
-drained off brokers that are leaving, and `status.brokers` / phase / messages of every Address.
+brokers' BrokerAdmin (found through a `Directory`, see `broker_endpoint`). Out: broker workloads
+in the GitOps output, queues and topics ensured (with their plan) on the brokers that hold them,
+messages drained off brokers that are leaving, and `status.brokers` (each broker `waiting` for
+the address or not) / phase / messages of every Address.
 
 One pass over one space (`reconcile_space`), in this order, each step safe to repeat:
 1. place: the pure `place()` from the space's addresses, plans, space plan and the last placement
@@ -43,18 +44,15 @@ from typing import Any, TypeVar
 
 import grpc
 import structlog
+from enmasse.resources.contracts import ACTIVE, STORED_TYPES, SUBSCRIPTION_SEPARATOR
+from enmasse.resources.discovery import LOOPBACK, BrokerEndpoint, Directory
 from enmasse.resources.informer import Informer
-from enmasse.resources.validation import BROKERED_TYPES, object_of
-from enmasse.storage_controller.directory import BrokerDirectory, BrokerEndpoint
+from enmasse.resources.kinds import object_of
+from enmasse.resources.rendered_brokers import BrokerWorkload, GitOpsOutput, LocalPorts
 from enmasse.storage_controller.gitops_writeback import WorkloadRepository, change_reasons
-from enmasse.storage_controller.placement import ACTIVE, Placement, place
+from enmasse.storage_controller.placement import Placement, place
 from enmasse.storage_controller.statuses import address_status, recorded_placement, space_status
-from enmasse.storage_controller.workloads import (
-    BrokerWorkload,
-    GitOpsOutput,
-    LocalPorts,
-    render_broker,
-)
+from enmasse.storage_controller.workloads import render_broker
 from enmasse.v1 import broker_pb2, broker_pb2_grpc, config_pb2, config_pb2_grpc, resources_pb2
 
 log = structlog.get_logger("enmasse.storage_controller")
@@ -66,7 +64,6 @@ PROBE_TIMEOUT = 2.0
 DRAIN_TIMEOUT = 120.0
 CONCURRENCY = 16
 ENSURE_BUDGET = 100
-SUBSCRIPTION_SEPARATOR = "::"  # a broker names a topic's subscription queue `<topic>::<id>`
 # A broker that is not up yet is asked again every pass: gRPC's default reconnect back-off
 # (up to two minutes) would hide a broker that just came up.
 CHANNEL_OPTIONS = [
@@ -129,7 +126,7 @@ class StorageController:
         *,
         config_target: str | Callable[[], str],
         output: GitOpsOutput,
-        directory: BrokerDirectory,
+        directory: Directory | None,
         space: str = "",
         pick_port: Callable[[], int] = free_port,
         resync_interval: float = 1.0,
@@ -453,7 +450,9 @@ class StorageController:
         """Asked once per broker and pass: a directory may read files to answer."""
         key = (space, broker_id)
         if key not in self._endpoints:
-            self._endpoints[key] = self.directory.endpoint(space, broker_id)
+            self._endpoints[key] = broker_endpoint(
+                space, broker_id, directory=self.directory, output=self.output
+            )
         return self._endpoints[key]
 
     def _broker_stub(self, space: str, broker_id: str) -> broker_pb2_grpc.BrokerAdminStub | None:
@@ -480,7 +479,7 @@ class StorageController:
                 self._deletions.setdefault(space, []).append(gone)
         for address in addresses:
             name = address.metadata.name
-            if address.spec.type in BROKERED_TYPES:
+            if address.spec.type in STORED_TYPES:
                 held = (*current.addresses.get(name, ()), *current.moves.get(name, ()))
                 known[name] = _Known(address.spec.address, address.spec.type, held)
 
@@ -636,7 +635,7 @@ class StorageController:
     ) -> None:
         changes: list[Coroutine[Any, Any, None]] = []
         for address in addresses:
-            if address.spec.type not in BROKERED_TYPES or address.metadata.name in found.deferred:
+            if address.spec.type not in STORED_TYPES or address.metadata.name in found.deferred:
                 continue
             desired = address_status(
                 address=address,
@@ -794,3 +793,18 @@ def _subscriptions_last(
 
 def _same_plan(have: resources_pb2.AddressPlanSpec, want: resources_pb2.AddressPlanSpec) -> bool:
     return all(getattr(have, f) == getattr(want, f) for f in PLAN_FIELDS)
+
+
+def broker_endpoint(
+    space: str, broker_id: str, *, directory: Directory | None, output: GitOpsOutput
+) -> BrokerEndpoint | None:
+    """Where a broker listens: where it says it does (the directory: locally its own ports file),
+    or else where its rendered manifest pins it (the local ports annotations, on loopback); None
+    for a broker neither knows. No directory (no local runtime): the manifest alone answers."""
+    said = directory.broker(space, broker_id) if directory is not None else None
+    if said is not None:
+        return said
+    workload = output.read_space(space).get(broker_id)
+    if workload is None:
+        return None
+    return BrokerEndpoint(broker_id, LOOPBACK, workload.ports.amqp, workload.ports.admin)

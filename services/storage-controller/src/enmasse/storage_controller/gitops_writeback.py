@@ -30,8 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
+from enmasse.resources.contracts import ACTIVE
+from enmasse.resources.rendered_brokers import BrokerWorkload
+from enmasse.resources.workload_files import WORKLOADS
 from enmasse.storage_controller.placement import Placement
-from enmasse.storage_controller.workloads import WORKLOADS, BrokerWorkload
 from enmasse.v1 import resources_pb2
 
 log = structlog.get_logger("enmasse.storage_controller.writeback")
@@ -96,7 +98,7 @@ def change_reasons(
             for name in held
         )
         verb = "update" if broker_id in before else "add"
-        state = "" if broker.state == "Active" else f" [{broker.state.lower()}]"
+        state = "" if broker.state == ACTIVE else f" [{broker.state.lower()}]"
         what = f" for address {names}" if names else ""
         reasons.append(f"{verb} broker {broker_id}{what}{state}")
     return reasons

@@ -19,10 +19,10 @@ import structlog
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server, until_terminated
 from enmasse.common.tracing import configure_service_tracing
+from enmasse.resources.discovery import LocalDirectory
+from enmasse.resources.rendered_brokers import GitOpsOutput
 from enmasse.storage_controller.controller import StorageController
-from enmasse.storage_controller.directory import LocalBrokerDirectory
 from enmasse.storage_controller.gitops_writeback import Credentials, WorkloadRepository
-from enmasse.storage_controller.workloads import GitOpsOutput
 
 log = structlog.get_logger("enmasse.storage_controller")
 
@@ -81,7 +81,7 @@ async def serve(args: argparse.Namespace) -> None:
     controller = StorageController(
         config_target=args.config,
         output=output,
-        directory=LocalBrokerDirectory(output=output, var_dir=args.var_dir),
+        directory=LocalDirectory(args.var_dir) if args.var_dir is not None else None,
         space=args.space,
         resync_interval=args.resync,
     )

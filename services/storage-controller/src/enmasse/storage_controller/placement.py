@@ -39,25 +39,14 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from enmasse.resources.validation import BROKERED_TYPES
+from enmasse.resources.contracts import ACTIVE, DRAINING, STORED_TYPES
+from enmasse.resources.rendered_brokers import Broker
 from enmasse.v1 import resources_pb2
 
-ACTIVE = "Active"
-DRAINING = "Draining"
 CAPACITY = 1.0
 _EPSILON = 1e-9
 MAX_BROKER_ID = 52
 QUOTA_EXCEEDED = "quota exceeded"
-
-
-@dataclass(frozen=True)
-class Broker:
-    """One broker of a space: pooled (shared by small addresses) or owned by one address."""
-
-    id: str
-    pooled: bool
-    owner: str = ""
-    state: str = ACTIVE
 
 
 @dataclass(frozen=True)
@@ -150,7 +139,7 @@ def _demands(
     demands: list[_Demand] = []
     pending: dict[str, str] = {}
     for address in sorted(addresses, key=_creation_order):
-        if address.spec.type not in BROKERED_TYPES:
+        if address.spec.type not in STORED_TYPES:
             continue
         plan = plans.get(address.spec.plan)
         name = address.metadata.name

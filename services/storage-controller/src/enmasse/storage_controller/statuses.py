@@ -8,7 +8,11 @@ The division of labour with the router-agent: this controller writes `status.bro
 broker with state Active, or Draining while the address's messages leave it) and the phase up to
 Configuring; in a standard space `Active` is the router-agent's to set, once every router runs
 the address. So an Active address whose brokers did not change and whose brokers all hold it is
-left exactly as it is. Messages are for people, but stable: `placed on broker(s) a, b`, then
+left exactly as it is. Whether a placed broker holds the address yet is said in the placement
+itself: an Active broker that lacks it is `waiting` (with a `reason`), which the router-agent
+reads to keep it out of the route; a Draining broker holds what it drains and never waits. The
+flag is a plain function of the placement and `ready`, so an unchanged pass writes nothing.
+Messages say the same for people, and are stable: `placed on broker(s) a, b`, then
 `broker ready: a, b` or `waiting for broker: a`, and `draining from broker: c` while messages move.
 
 A brokered space has no routers: its clients talk to its one broker directly, so nobody else
@@ -24,14 +28,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from enmasse.storage_controller.placement import DRAINING, Placement
-from enmasse.storage_controller.workloads import BrokerWorkload
+from enmasse.resources.contracts import ACTIVE, CONFIGURING, DRAINING, FAILED, PENDING
+from enmasse.resources.rendered_brokers import BrokerWorkload
+from enmasse.storage_controller.placement import Placement
 from enmasse.v1 import resources_pb2
-
-PENDING = "Pending"
-CONFIGURING = "Configuring"
-ACTIVE = "Active"
-FAILED = "Failed"
 
 
 def address_status(
@@ -46,14 +46,15 @@ def address_status(
     generation = address.metadata.generation
     active = placement.addresses.get(name, ())
     leaving = placement.moves.get(name, ())
-    entries = [resources_pb2.BrokerPlacement(broker=b, state=ACTIVE) for b in active]
-    entries += [resources_pb2.BrokerPlacement(broker=b, state=DRAINING) for b in leaving]
     if name in placement.pending:
         # a Pending address that still has messages somewhere says where, so they are kept
+        entries = _placement(active, leaving)
         return _status(PENDING, [placement.pending[name]], generation=generation, brokers=entries)
     if refusal:
+        entries = _placement(active, leaving)
         return _status(FAILED, [refusal], generation=generation, brokers=entries)
     waiting = [b for b in active if b not in ready]
+    entries = _placement(active, leaving, waiting=waiting)
     now = address.status
     unchanged = list(now.brokers) == entries and now.status.observed_generation == generation
     if unchanged and now.status.phase == ACTIVE and not waiting:
@@ -68,6 +69,28 @@ def address_status(
     # no router will ever report a brokered address: its broker holding it is all there is
     phase = ACTIVE if brokered and active and not waiting and not leaving else CONFIGURING
     return _status(phase, messages, generation=generation, brokers=entries)
+
+
+WAITING_REASON = "the broker does not hold the address yet"  # the one reason a broker waits
+
+
+def _placement(
+    active: Sequence[str], leaving: Sequence[str], *, waiting: Collection[str] = ()
+) -> list[resources_pb2.BrokerPlacement]:
+    """`status.brokers`: the Active brokers, each saying whether it still waits for the address,
+    then the Draining ones. Pending and Failed statuses leave `waiting` unset: their messages
+    speak of the quota or the refusal, and the placement says no more than they do."""
+    entries = [
+        resources_pb2.BrokerPlacement(
+            broker=b,
+            state=ACTIVE,
+            waiting=b in waiting,
+            reason=WAITING_REASON if b in waiting else "",
+        )
+        for b in active
+    ]
+    entries += [resources_pb2.BrokerPlacement(broker=b, state=DRAINING) for b in leaving]
+    return entries
 
 
 def space_status(

@@ -32,10 +32,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import grpc
+from enmasse.resources.contracts import ACTIVE, SUBSCRIPTION_SEPARATOR
 
 ANNOTATION_PREFIX = "subscription.enmasse.io/"
-SEPARATOR = "::"
-ACTIVE = "Active"
 
 
 class Refusal(Exception):
@@ -59,9 +58,9 @@ def subscriber_of(*, address: str, container_id: str, link_name: str, shared: bo
     """The topic and identity a durable receiver means; Refusal(INVALID_ARGUMENT) when unclear."""
     if not address:
         raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "address: must not be empty")
-    if SEPARATOR in address:
-        topic, _, name = address.partition(SEPARATOR)
-        if not topic or not name or SEPARATOR in name:
+    if SUBSCRIPTION_SEPARATOR in address:
+        topic, _, name = address.partition(SUBSCRIPTION_SEPARATOR)
+        if not topic or not name or SUBSCRIPTION_SEPARATOR in name:
             raise Refusal(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"address '{address}': expected <topic>::<subscription name>",
@@ -117,7 +116,7 @@ def choose_broker(
 
 def subscription_queue(*, topic: str, name: str) -> str:
     """The broker node of the subscription `name` of `topic` (what routers attach to)."""
-    return f"{topic}{SEPARATOR}{name}"
+    return f"{topic}{SUBSCRIPTION_SEPARATOR}{name}"
 
 
 def subscription_address_broker(

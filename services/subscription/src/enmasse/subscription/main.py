@@ -1,7 +1,7 @@
 """`enmasse-subscription`: wiring and start-up of the subscription service, nothing else.
 
-Reads the flags, follows the config service through an informer, reads the broker endpoints the
-runtime publishes (`<var>/brokers/<space>/<id>/ports.json` unless named otherwise) and serves
+Reads the flags, follows the config service through an informer, finds brokers through the local
+`Directory` (the ports files under `<var>/brokers/<space>/<id>/` unless named otherwise), serves
 SubscriptionService (with health and reflection). The bound port goes to the log, to stdout as
 `listening on <host>:<port>` and, with --port-file, into that file.
 """
@@ -18,7 +18,7 @@ import structlog
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server, until_terminated, write_port_file
 from enmasse.common.tracing import configure_service_tracing
-from enmasse.subscription.brokers import PortsTreeBrokers
+from enmasse.resources.discovery import LocalDirectory
 from enmasse.subscription.servicer import SERVICE_NAME, SubscriptionServicer
 from enmasse.subscription.subscriptions import DurableSubscriptions
 from enmasse.v1 import subscription_pb2_grpc
@@ -44,8 +44,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    brokers = PortsTreeBrokers(Path(args.brokers_dir or Path(args.var) / "brokers"))
-    subscriptions = DurableSubscriptions(config_target=args.config, brokers=brokers)
+    directory = LocalDirectory(
+        Path(args.var), brokers=Path(args.brokers_dir) if args.brokers_dir else None
+    )
+    subscriptions = DurableSubscriptions(config_target=args.config, directory=directory)
     subscriptions.start()
     host, _, port = args.listen.rpartition(":")
     running = await start_server(

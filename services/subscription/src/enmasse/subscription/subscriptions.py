@@ -2,10 +2,11 @@
 
 What flows in: look-ups (space, the address a durable receiver attached to, its container id and
 link name, shared or not), the store through an informer (address spaces, addresses with their
-placement and recorded choices, address plans), and the broker directory. What flows out: the
-broker that holds the subscription and its AMQP listener; as effects, the topic ensured on that
-broker (BrokerAdmin.EnsureTopic with the topic's plan, idempotent) and the choice recorded on the
-topic Address (config UpdateAddress, compare-and-swap).
+placement and recorded choices, address plans), and where brokers listen (a `Directory`, asked
+per look-up, so a restarted broker is found at once). What flows out: the broker that holds the
+subscription and its AMQP listener; as effects, the topic ensured on that broker
+(BrokerAdmin.EnsureTopic with the topic's plan, idempotent) and the choice recorded on the topic
+Address (config UpdateAddress, compare-and-swap).
 
 Why it is built so: the decision is pure (`choice`), the effects are idempotent, and look-ups of
 one topic run one at a time (a lock per topic), so two subscribers of the same topic never race
@@ -29,9 +30,9 @@ import grpc
 import structlog
 from enmasse.amqp.client import AmqpError, Client
 from enmasse.amqp.engine import Terminus
+from enmasse.resources.discovery import BrokerEndpoint, Directory
 from enmasse.resources.informer import Informer
-from enmasse.resources.validation import object_of
-from enmasse.subscription.brokers import BrokerEndpoint, PortsTreeBrokers
+from enmasse.resources.kinds import object_of
 from enmasse.subscription.choice import (
     Refusal,
     Subscriber,
@@ -61,11 +62,9 @@ TopicKey = tuple[str, str]  # (space, topic resource name)
 
 
 class DurableSubscriptions:
-    def __init__(
-        self, *, config_target: str | Callable[[], str], brokers: PortsTreeBrokers
-    ) -> None:
+    def __init__(self, *, config_target: str | Callable[[], str], directory: Directory) -> None:
         self._config_target = config_target
-        self.brokers = brokers
+        self.directory = directory
         self.informer = Informer(
             target=config_target,
             kinds=["AddressSpace", "Address", "AddressPlan"],
@@ -247,7 +246,7 @@ class DurableSubscriptions:
         return topic
 
     def _endpoint(self, space: str, broker: str) -> BrokerEndpoint:
-        endpoint = self.brokers.broker(space, broker)
+        endpoint = self.directory.broker(space, broker)
         if endpoint is None:
             raise Refusal(
                 grpc.StatusCode.UNAVAILABLE,
@@ -358,7 +357,7 @@ class DurableSubscriptions:
                 continue
             topic = self._freshest((request.space, topic.metadata.name))
             for identity, broker in sorted(recorded(topic.metadata.annotations).items()):
-                endpoint = self.brokers.broker(request.space, broker)
+                endpoint = self.directory.broker(request.space, broker)
                 found.append(
                     subscription_pb2.SubscriptionLocation(
                         space=request.space,

@@ -15,11 +15,10 @@ from importlib import resources as package_files
 from typing import Any
 
 import yaml
-from enmasse.resources.validation import KINDS, resource_of
+from enmasse.resources.kinds import API_VERSION, KINDS, resource_of
 from enmasse.v1 import resources_pb2
 from google.protobuf import json_format
 
-API_VERSION = "enmasse.io/v1"
 DEFAULT_PLANS_FILE = "default-plans.yaml"
 
 
@@ -40,9 +39,9 @@ def resource_from_manifest(doc: dict[str, Any]) -> resources_pb2.Resource:
     if doc.get("apiVersion") != API_VERSION:
         raise ManifestError(f"apiVersion must be {API_VERSION} (got {doc.get('apiVersion')!r})")
     kind = doc.get("kind")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise ManifestError(f"kind must be one of {', '.join(KINDS)} (got {kind!r})")
-    message = getattr(resources_pb2, kind)()
+    message = KINDS[kind].message()
     body = {"metadata": doc.get("metadata") or {}, "spec": doc.get("spec") or {}}
     try:
         json_format.ParseDict(body, message)

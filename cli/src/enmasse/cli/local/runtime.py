@@ -1,4 +1,4 @@
-"""Rendered router and broker workloads -> supervisor programs, kept in step while `up` runs.
+"""The runtime: rendered router and broker workloads -> supervisor programs, kept in step.
 
 In: the GitOps output under <var>/gitops, where the router-agent renders each standard space's
 routers and the storage-controller each space's brokers (one YAML file per workload, ports pinned
@@ -6,11 +6,16 @@ in annotations). Out: one `[program:x]` file per workload in <var>/supervisor.d/
 supervisord.conf), and supervisord told about every change through its XML-RPC API:
 `reloadConfig` says which groups were added, changed or removed; added ones get
 `addProcessGroup`, removed ones `stopProcessGroup` + `removeProcessGroup`, changed ones both
-(`local.apply_config_changes`).
+(`supervisor.apply_config_changes`).
 
 Why so: supervisord already restarts a crashed router or broker with back-off, logs it and stops
 it with `down`; this module only follows the files. The loop runs as one more supervised program
-(`enmasse runtime reconcile`, see local.PROGRAMS), so it outlives `up` and comes back when killed.
+(`enmasse runtime reconcile`, see programs.PROGRAMS), so it outlives `up` and comes back when
+killed.
+
+What a rendered file says and how its router or broker is started locally is the resource
+model's (`enmasse.resources.rendered_routers`, `rendered_brokers`): the services that render the
+files are only ever started here, as processes, never imported.
 
 `desired_programs` and `program_files` are pure (paths in, names and texts out) for the tests.
 """
@@ -28,20 +33,16 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from enmasse.cli.local import (
-    PROGRAMS,
-    VarDir,
-    apply_config_changes,
-    program_section,
-    supervisor_proxy,
-)
-from enmasse.router_agent.workloads import (
-    RouterWorkloads,
+from enmasse.cli.local.programs import PROGRAMS, program_section
+from enmasse.cli.local.supervisor import apply_config_changes, supervisor_proxy
+from enmasse.cli.local.var_dir import VarDir
+from enmasse.resources.rendered_brokers import GitOpsOutput, local_broker_command
+from enmasse.resources.rendered_routers import (
+    RenderedRouters,
     ensure_local_mesh_secret,
     local_router_command,
     local_router_dir,
 )
-from enmasse.storage_controller.workloads import GitOpsOutput, local_broker_command
 
 log = structlog.get_logger("enmasse.runtime")
 
@@ -71,7 +72,7 @@ def program_name(*, space: str, workload_id: str) -> str:
 def desired_programs(var: VarDir) -> dict[str, Program]:
     """Every workload the GitOps output holds, by program name (`program_name`)."""
     programs: dict[str, Program] = {}
-    routers = RouterWorkloads(var.gitops)
+    routers = RenderedRouters(var.gitops)
     for space in routers.spaces():
         for router in routers.read_space(space).values():
             name = program_name(space=space, workload_id=router.router_id)
@@ -128,7 +129,7 @@ def reconcile_once(var: VarDir, *, force: bool = False) -> dict[str, list[str]]:
     programs = desired_programs(var)
     for program in programs.values():
         program.workdir.mkdir(parents=True, exist_ok=True)
-    for space in RouterWorkloads(var.gitops).spaces():  # before any router of it starts
+    for space in RenderedRouters(var.gitops).spaces():  # before any router of it starts
         ensure_local_mesh_secret(space=space, var_dir=var.root)
     if not write_program_files(var, program_files(var, programs)) and not force:
         return {}

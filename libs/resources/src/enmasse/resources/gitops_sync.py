@@ -19,13 +19,14 @@ The outcome is a `SyncStatus` (revision, counts per action, refused objects with
 reason), written as JSON (`write_status`): one simple place that a person, a probe or a test reads.
 
 The transport is a pair of callables (`apply`, `owned_spaces`), so that the config service runs
-this in-process (`enmasse-config --manifests-dir`) and `enmasse gitops sync` runs the very same
-code against the config service's gRPC API.
+this in-process (`enmasse-config --manifests-dir`, which follows the directory:
+`enmasse.config.gitops_follow`) and `enmasse gitops sync` runs the very same code against the
+config service's gRPC API. Nothing here holds a connection or a store: manifests, requests and
+results of the resource model only.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import os
@@ -34,12 +35,10 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import structlog
+from enmasse.resources.kinds import AnyObject, Key, key_of
 from enmasse.resources.manifests import MANIFEST_SUFFIXES, Manifest, ManifestError, load_paths
-from enmasse.resources.validation import AnyObject, Key, key_of
 from enmasse.v1 import config_pb2
 
-log = structlog.get_logger("enmasse.config.gitops_sync")
 DEFAULT_MANAGER = "gitops"
 KUSTOMIZATION_FILES = {"kustomization.yaml", "kustomization.yml", "Kustomization"}
 Action = config_pb2.ApplyResult.Action
@@ -261,60 +260,3 @@ def owned_spaces_of(objects: Iterable[tuple[Key, AnyObject]], *, manager: str) -
         elif space:
             spaces.add(space)
     return spaces
-
-
-async def follow_tree(
-    root: Path,
-    *,
-    apply: ApplyCall,
-    owned_spaces: OwnedSpacesCall,
-    status_path: Path,
-    interval: float,
-    manager: str = DEFAULT_MANAGER,
-) -> None:
-    """Syncs `root` whenever its content changes (checked every `interval` seconds), and again
-    after a failed attempt; writes the status after every attempt. Runs until cancelled."""
-    synced = ""
-    while True:
-        revision = tree_revision(root)
-        if revision != synced:
-            status = await _attempt(
-                root, apply=apply, owned_spaces=owned_spaces, manager=manager, revision=revision
-            )
-            _publish(status_path, status)
-            # refusals may clear without a new revision (a plan or topic created meanwhile)
-            if status.ok:
-                synced = revision
-        await asyncio.sleep(interval)
-
-
-async def _attempt(
-    root: Path,
-    *,
-    apply: ApplyCall,
-    owned_spaces: OwnedSpacesCall,
-    manager: str,
-    revision: str,
-) -> SyncStatus:
-    try:
-        status = await sync_tree(
-            root, apply=apply, owned_spaces=owned_spaces, manager=manager, revision=revision
-        )
-    except Exception as error:  # the store away, a refused batch: retried at the next tick
-        log.warning("gitops sync failed; retrying", root=str(root), error=str(error))
-        return SyncStatus(revision=revision, error=str(error) or type(error).__name__)
-    log.info(
-        "gitops sync done",
-        revision=revision,
-        applied=status.applied,
-        refused=[str(r) for r in status.refused],
-    )
-    return status
-
-
-def _publish(path: Path, status: SyncStatus) -> None:
-    # A read-only filesystem must not stop the sync: the log line above carries the same facts.
-    try:
-        write_status(path, status)
-    except OSError as error:
-        log.warning("cannot write the sync status", path=str(path), error=str(error))

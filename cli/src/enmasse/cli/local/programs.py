@@ -1,0 +1,140 @@
+"""What runs: the control plane's programs and the supervisord config that runs them.
+
+In: the var dir and the chosen `Ports`. Out: one command line per control-plane program
+(`program_commands`: etcd, config, storage-controller, router-agent, subscription and `runtime`,
+in start order), a `[program:x]` section per program (`program_section`, the routers' and
+brokers' too, which the runtime writes into <var>/supervisor.d/) and the whole
+<var>/supervisord.conf (`render_supervisord_conf`). Pure: text out, nothing started; the tests
+read the rendered config directly.
+
+Every program is one of the workspace's console scripts (`enmasse-config`, ...) or /usr/bin/etcd,
+started as a process: the CLI never imports a service. Each restarts on a crash with
+supervisord's back-off, stops with its whole process group, logs to <var>/log/<name>.log and gets
+ENMASSE_VAR (traces go to <var>/traces).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from enmasse.cli.client import CliError
+from enmasse.cli.local.ports import Ports
+from enmasse.cli.local.var_dir import VarDir
+
+ETCD_BINARY = "/usr/bin/etcd"
+# The control plane, in start order: what `up` starts and waits for. Routers and brokers are not
+# here: the `runtime` program adds and removes them as the GitOps output says (runtime.py).
+PROGRAMS = ("etcd", "config", "storage-controller", "router-agent", "subscription", "runtime")
+
+
+def installed_program(name: str) -> str:
+    """The path of a console script beside this Python (the workspace venv), else on PATH."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    found = shutil.which(name)
+    if found is None:
+        raise CliError(f"cannot find the `{name}` program (run `uv sync`)")
+    return found
+
+
+def program_commands(*, var: VarDir, ports: Ports) -> dict[str, list[str]]:
+    peer = f"http://127.0.0.1:{ports.etcd_peer}"
+    client = f"http://127.0.0.1:{ports.etcd_client}"
+    config = f"127.0.0.1:{ports.config}"
+    return {
+        "etcd": [
+            ETCD_BINARY,
+            "--name=enmasse",
+            f"--data-dir={var.etcd_data}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=enmasse={peer}",
+            # config commits a whole Apply batch as one transaction: etcd's defaults (128 ops,
+            # 1.5 MiB) would refuse a space of a few hundred addresses.
+            "--max-txn-ops=20000",
+            "--max-request-bytes=33554432",
+        ],
+        "config": [
+            installed_program("enmasse-config"),
+            f"--listen=127.0.0.1:{ports.config}",
+            f"--port-file={var.config_port_file}",
+            f"--etcd=127.0.0.1:{ports.etcd_client}",
+        ],
+        "storage-controller": [
+            installed_program("enmasse-storage-controller"),
+            f"--listen=127.0.0.1:{ports.storage_controller}",
+            f"--config={config}",
+            f"--gitops-dir={var.gitops}",
+            f"--var-dir={var.root}",
+        ],
+        "router-agent": [
+            installed_program("enmasse-router-agent"),
+            f"--listen=127.0.0.1:{ports.router_agent}",
+            f"--config={config}",
+            f"--var={var.root}",
+            f"--gitops-dir={var.gitops}",
+        ],
+        "subscription": [
+            installed_program("enmasse-subscription"),
+            f"--listen=127.0.0.1:{ports.subscription}",
+            f"--config={config}",
+            f"--var={var.root}",
+        ],
+        # Rendered router and broker workloads -> supervisor programs, for as long as we run.
+        "runtime": [installed_program("enmasse"), f"--var-dir={var.root}", "runtime", "reconcile"],
+    }
+
+
+def _ini(value: object) -> str:
+    return str(value).replace("%", "%%")  # supervisord expands %(name)s in values
+
+
+def program_section(*, name: str, command: Sequence[str], var: VarDir, priority: int) -> str:
+    """One `[program:x]`: restarted on crash with supervisord's back-off (1 s, 2 s, ...; FATAL
+    after 10 tries), stopped with its whole process group, logging to <var>/log/<name>.log."""
+    return (
+        f"[program:{name}]\n"
+        f"command = {_ini(' '.join(command))}\n"
+        f"priority = {priority}\n"
+        "autostart = true\n"
+        "autorestart = true\n"
+        "startsecs = 1\n"
+        "startretries = 10\n"
+        "stopsignal = TERM\n"
+        "stopwaitsecs = 10\n"
+        "stopasgroup = true\n"
+        "killasgroup = true\n"
+        "redirect_stderr = true\n"
+        f"stdout_logfile = {_ini(var.log / (name + '.log'))}\n"
+        "stdout_logfile_maxbytes = 10MB\n"
+        "stdout_logfile_backups = 2\n"
+        f'environment = PYTHONUNBUFFERED="1",ENMASSE_VAR="{_ini(var.root)}"\n'
+    )
+
+
+def render_supervisord_conf(*, var: VarDir, commands: dict[str, list[str]]) -> str:
+    sections = [
+        f"[unix_http_server]\nfile = {_ini(var.socket)}\nchmod = 0700\n",
+        "[supervisord]\n"
+        f"logfile = {_ini(var.log / 'supervisord.log')}\n"
+        f"pidfile = {_ini(var.pidfile)}\n"
+        f"childlogdir = {_ini(var.log)}\n"
+        f"directory = {_ini(var.root)}\n"
+        "identifier = enmasse\n"
+        "nodaemon = false\n",
+        "[rpcinterface:supervisor]\n"
+        "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface\n",
+        f"[supervisorctl]\nserverurl = unix://{_ini(var.socket)}\n",
+        # Routers and brokers: added and removed live by the runtime (reloadConfig + add/remove).
+        f"[include]\nfiles = {_ini(var.programs_dir)}/*.conf\n",
+    ]
+    for priority, (name, command) in enumerate(commands.items(), start=1):
+        section = program_section(name=name, command=command, var=var, priority=priority * 10)
+        sections.append(section)
+    return "\n".join(sections)

@@ -1,0 +1,82 @@
+"""The words that cross a service boundary, each written once.
+
+What one service writes and another reads: the phase in a resource's status (the controllers
+write it, the CLI and the console read it), the state of a broker in an address's placement (the
+storage-controller writes it, the router-agent passes it on, the router obeys it), the address
+and address space types (every service branches on them), the separator that names a topic's
+subscription queue on a broker (`orders::sub-1`: the router asks for it, the broker holds it,
+the subscription service and the storage-controller find it by it), and the address prefixes the
+router network and the control plane keep for their own links.
+
+Why plain string constants and not an enum: these strings travel in protobuf fields, YAML
+manifests and log lines as they are, and the message hot path (router, broker) formats and
+compares them per delivery; an exact `str` imported once at module level costs nothing there,
+where an enum member would cost a `__format__` call. Import the names you use
+(`from enmasse.resources.contracts import SUBSCRIPTION_SEPARATOR`), never `contracts.X` per
+message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+# ------------------------------------------------------------------ phases (Status.phase)
+
+PENDING: Final = "Pending"
+"""Declared, not yet being made real (waiting for a broker, a plan, a quota)."""
+CONFIGURING: Final = "Configuring"
+"""Being made real: brokers created, routers told; not every router has it yet."""
+ACTIVE: Final = "Active"
+"""Usable: every router of the space routes it (and, stored, its brokers hold it)."""
+FAILED: Final = "Failed"
+TERMINATING: Final = "Terminating"
+PHASES: Final = (PENDING, CONFIGURING, ACTIVE, FAILED, TERMINATING)
+
+# ------------------------------------------------------------------ broker placement states
+
+# An address's BrokerPlacement.state. A broker that takes new messages is ACTIVE (the same word
+# as the phase); one that only hands out what it still holds, until its messages have moved to
+# the address's new broker, is DRAINING.
+DRAINING: Final = "Draining"
+PLACEMENT_STATES: Final = (ACTIVE, DRAINING)
+
+# ------------------------------------------------------------------ address types
+
+ANYCAST: Final = "anycast"
+MULTICAST: Final = "multicast"
+QUEUE: Final = "queue"
+TOPIC: Final = "topic"
+SUBSCRIPTION: Final = "subscription"
+ADDRESS_TYPES: Final = (ANYCAST, MULTICAST, QUEUE, TOPIC, SUBSCRIPTION)
+DIRECT_TYPES: Final = frozenset({ANYCAST, MULTICAST})
+"""Routed by the router network alone: no broker ever holds them."""
+STORED_TYPES: Final = frozenset({QUEUE, TOPIC, SUBSCRIPTION})
+"""Held on brokers (store-and-forward): the routers forward them to their broker waypoints."""
+
+# ------------------------------------------------------------------ address space types
+
+STANDARD: Final = "standard"
+BROKERED: Final = "brokered"
+SPACE_TYPES: Final = (STANDARD, BROKERED)
+TYPES_BY_SPACE_TYPE: Final[Mapping[str, tuple[str, ...]]] = {
+    STANDARD: ADDRESS_TYPES,
+    BROKERED: (QUEUE, TOPIC),  # one broker, JMS-style: no router-only types, no subscriptions
+}
+
+# ------------------------------------------------------------------ messaging user operations
+
+OPERATIONS: Final = ("send", "recv", "view", "manage")
+
+# ------------------------------------------------------------------ names on the message plane
+
+SUBSCRIPTION_SEPARATOR: Final = "::"
+"""A broker names a topic's subscription queue `<topic>::<subscription>`."""
+DYNAMIC_PREFIX: Final = "_dynamic/"
+"""Dynamic reply addresses: `_dynamic/<router-id>/<n>`, the owning router in the name."""
+MESH_PREFIX: Final = "_mesh/"
+"""The routers' own links between each other (`_mesh/control`, `_mesh/to/...`, `_mesh/mc/...`)."""
+SYSTEM_PREFIX: Final = "$"
+"""The control plane's own addresses (the router-agent's probe: `$enmasse/...`)."""
+RESERVED_PREFIXES: Final = (DYNAMIC_PREFIX, MESH_PREFIX, SYSTEM_PREFIX)
+"""Address prefixes kept for the routers' and the control plane's own links."""

@@ -1,0 +1,177 @@
+"""Rendered routers: what a router file in the GitOps output says, and how one runs locally.
+
+In: the files the router-agent renders, `<gitops-dir>/workloads/<space>/<router-id>.yaml` (a
+Service and a StatefulSet of one replica, beside the storage-controller's broker files). Out: a
+`RouterWorkload` per file (`read_router`; None for a file that is somebody else's), the spaces
+that have routers (`RenderedRouters`), and for the local runtime the command line, the working
+directory and the mesh secret of each router. The router-agent renders these files (its
+`workloads` module builds on `RenderedRouters`); `enmasse up` reads them: the contract sits here,
+between the two, so that neither imports the other.
+
+The contract (StatefulSet metadata, as for brokers):
+- labels `app.kubernetes.io/component: router`, `app.kubernetes.io/managed-by:
+  enmasse-router-agent`, `enmasse.io/space: <space>`, `enmasse.io/router: <router-id>`;
+- annotations `enmasse.io/local-amqp-port`, `enmasse.io/local-inter-router-port` and
+  `enmasse.io/local-admin-port`: the loopback ports the local runtime starts it on, chosen free
+  when the router is first rendered and kept from then on (clients and peers keep them across
+  restarts). The router writes them back to `<var>/routers/<space>/<id>/ports.json`, which is
+  where the agent's directory finds it.
+
+Who gets in: every router runs `--client-auth=optional` (SASL PLAIN logins are checked against
+the space's MessagingUsers; ANONYMOUS still allowed) and `--mesh-secret-file`, the secret all
+routers of the space log in to each other with. Locally that secret is
+`<var>/routers/<space>/mesh-secret`, written once (mode 0600) by `ensure_local_mesh_secret`
+before the runtime starts the space's routers; it is never rendered into the output (that is git).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from enmasse.resources.workload_files import (
+    ANNOTATION_ADMIN_PORT,
+    ANNOTATION_AMQP_PORT,
+    LABEL_MANAGED_BY,
+    LABEL_SPACE,
+    WORKLOADS,
+    owned_files,
+    sync_files,
+)
+
+MANAGER = "enmasse-router-agent"
+LABEL_ROUTER = "enmasse.io/router"
+ANNOTATION_INTER_ROUTER_PORT = "enmasse.io/local-inter-router-port"
+CLIENT_AUTH = "optional"
+LOCAL_MESH_SECRET = "mesh-secret"
+
+
+@dataclass(frozen=True)
+class LocalRouterPorts:
+    amqp: int
+    inter_router: int
+    admin: int
+
+
+@dataclass(frozen=True)
+class RouterWorkload:
+    space: str
+    router_id: str
+    ports: LocalRouterPorts
+
+
+class WorkloadError(ValueError):
+    """A router workload file that does not say what the contract above says."""
+
+
+def read_router(text: str) -> RouterWorkload | None:
+    """The router a file describes; None for a file that is not one of ours."""
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d]
+    except yaml.YAMLError as error:
+        raise WorkloadError(f"not YAML: {error}") from error
+    for doc in docs:
+        if not isinstance(doc, dict) or doc.get("kind") != "StatefulSet":
+            continue
+        metadata = doc.get("metadata") or {}
+        labels = metadata.get("labels") or {}
+        if labels.get(LABEL_MANAGED_BY) != MANAGER:
+            return None
+        annotations = metadata.get("annotations") or {}
+        try:
+            return RouterWorkload(
+                space=labels[LABEL_SPACE],
+                router_id=labels[LABEL_ROUTER],
+                ports=LocalRouterPorts(
+                    amqp=int(annotations[ANNOTATION_AMQP_PORT]),
+                    inter_router=int(annotations[ANNOTATION_INTER_ROUTER_PORT]),
+                    admin=int(annotations[ANNOTATION_ADMIN_PORT]),
+                ),
+            )
+        except (KeyError, ValueError) as error:
+            raise WorkloadError(f"router workload lacks a readable {error}") from error
+    return None
+
+
+class RenderedRouters:
+    """`<root>/workloads/<space>/<router-id>.yaml` for every router the agent rendered: read by
+    anyone, written (`write_space`) by the router-agent only."""
+
+    def __init__(self, root: Path) -> None:
+        self.workloads = Path(root) / WORKLOADS
+
+    def spaces(self) -> list[str]:
+        if not self.workloads.is_dir():
+            return []
+        return sorted(p.name for p in self.workloads.iterdir() if p.is_dir() and self._ours(p.name))
+
+    def read_space(self, space: str) -> dict[str, RouterWorkload]:
+        return {w.router_id: w for _, w in self._ours(space)}
+
+    def write_space(self, space: str, texts: Mapping[str, str]) -> list[str]:
+        """Makes the space's router files exactly `texts` (router id -> YAML); returns the ids
+        whose files were written or deleted."""
+        owned = [(w.router_id, path) for path, w in self._ours(space)]
+        return sync_files(self.workloads / space, texts=texts, owned=owned)
+
+    def _ours(self, space: str) -> list[tuple[Path, RouterWorkload]]:
+        return owned_files(self.workloads / space, read=read_router)
+
+
+# ------------------------------------------------------------------ running one locally
+
+
+def local_router_dir(workload: RouterWorkload, *, var_dir: Path) -> Path:
+    """<var>/routers/<space>/<id>/: the router's ports file goes there (the runtime creates
+    the directory before it starts the router; the router does not)."""
+    return var_dir / "routers" / workload.space / workload.router_id
+
+
+def local_mesh_secret(*, space: str, var_dir: Path) -> Path:
+    """<var>/routers/<space>/mesh-secret: the secret every local router of the space shares."""
+    return var_dir / "routers" / space / LOCAL_MESH_SECRET
+
+
+def ensure_local_mesh_secret(*, space: str, var_dir: Path) -> Path:
+    """Writes the space's mesh secret once (0600, random); an existing one is kept, so routers
+    restarted later still agree with the ones running."""
+    path = local_mesh_secret(space=space, var_dir=var_dir)
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_urlsafe(32) + "\n")
+    # link() fails if the secret appeared meanwhile: a racing writer's secret wins, whole.
+    with contextlib.suppress(FileExistsError):
+        os.link(partial, path)
+    partial.unlink()
+    return path
+
+
+def local_router_command(
+    workload: RouterWorkload, *, var_dir: Path, executable: str | None = None
+) -> list[str]:
+    """How the local runtime starts a rendered router: its pinned ports, the ports file in
+    `local_router_dir`, which the agent's directory reads, and the space's mesh secret (made by
+    `ensure_local_mesh_secret` first)."""
+    ports_file = local_router_dir(workload, var_dir=var_dir) / "ports.json"
+    program = executable or str(Path(sys.executable).parent / "enmasse-router")
+    return [
+        program,
+        f"--router-id={workload.router_id}",
+        "--host=127.0.0.1",
+        f"--port={workload.ports.amqp}",
+        f"--inter-router-port={workload.ports.inter_router}",
+        f"--admin-port={workload.ports.admin}",
+        f"--ports-file={ports_file}",
+        f"--client-auth={CLIENT_AUTH}",
+        f"--mesh-secret-file={local_mesh_secret(space=workload.space, var_dir=var_dir)}",
+    ]
