@@ -15,10 +15,10 @@ from enmasse.resources.rendered_brokers import (
     BrokerWorkload,
     GitOpsOutput,
     LocalPorts,
-    WorkloadError,
     local_broker_command,
     read_broker,
 )
+from enmasse.resources.workload_files import WorkloadError
 from enmasse.storage_controller.controller import broker_endpoint
 from enmasse.storage_controller.workloads import render_broker
 

@@ -31,14 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from enmasse.resources.contracts import ACTIVE
 from enmasse.resources.workload_files import (
     ANNOTATION_ADMIN_PORT,
     ANNOTATION_AMQP_PORT,
-    LABEL_MANAGED_BY,
     LABEL_SPACE,
     WORKLOADS,
+    WorkloadError,
+    managed_statefulset,
     owned_files,
     sync_files,
 )
@@ -75,25 +75,10 @@ class BrokerWorkload:
     ports: LocalPorts
 
 
-class WorkloadError(ValueError):
-    """A file in the output that claims to be ours but cannot be read as a broker workload."""
-
-
 def read_broker(text: str) -> BrokerWorkload | None:
     """The broker a file describes; None for a file that is not one of ours."""
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d]
-    except yaml.YAMLError as error:
-        raise WorkloadError(f"not YAML: {error}") from error
-    for doc in docs:
-        if not isinstance(doc, dict) or doc.get("kind") != "StatefulSet":
-            continue
-        metadata = doc.get("metadata") or {}
-        labels = metadata.get("labels") or {}
-        if labels.get(LABEL_MANAGED_BY) != MANAGER:
-            return None
-        return _workload(metadata, labels)
-    return None
+    metadata = managed_statefulset(text, manager=MANAGER)
+    return None if metadata is None else _workload(metadata, metadata.get("labels") or {})
 
 
 def _workload(metadata: dict[str, Any], labels: dict[str, str]) -> BrokerWorkload:

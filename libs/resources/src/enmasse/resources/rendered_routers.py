@@ -34,13 +34,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from enmasse.resources.workload_files import (
     ANNOTATION_ADMIN_PORT,
     ANNOTATION_AMQP_PORT,
-    LABEL_MANAGED_BY,
     LABEL_SPACE,
     WORKLOADS,
+    WorkloadError,
+    managed_statefulset,
     owned_files,
     sync_files,
 )
@@ -66,37 +66,25 @@ class RouterWorkload:
     ports: LocalRouterPorts
 
 
-class WorkloadError(ValueError):
-    """A router workload file that does not say what the contract above says."""
-
-
 def read_router(text: str) -> RouterWorkload | None:
     """The router a file describes; None for a file that is not one of ours."""
+    metadata = managed_statefulset(text, manager=MANAGER)
+    if metadata is None:
+        return None
+    labels = metadata.get("labels") or {}
+    annotations = metadata.get("annotations") or {}
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d]
-    except yaml.YAMLError as error:
-        raise WorkloadError(f"not YAML: {error}") from error
-    for doc in docs:
-        if not isinstance(doc, dict) or doc.get("kind") != "StatefulSet":
-            continue
-        metadata = doc.get("metadata") or {}
-        labels = metadata.get("labels") or {}
-        if labels.get(LABEL_MANAGED_BY) != MANAGER:
-            return None
-        annotations = metadata.get("annotations") or {}
-        try:
-            return RouterWorkload(
-                space=labels[LABEL_SPACE],
-                router_id=labels[LABEL_ROUTER],
-                ports=LocalRouterPorts(
-                    amqp=int(annotations[ANNOTATION_AMQP_PORT]),
-                    inter_router=int(annotations[ANNOTATION_INTER_ROUTER_PORT]),
-                    admin=int(annotations[ANNOTATION_ADMIN_PORT]),
-                ),
-            )
-        except (KeyError, ValueError) as error:
-            raise WorkloadError(f"router workload lacks a readable {error}") from error
-    return None
+        return RouterWorkload(
+            space=labels[LABEL_SPACE],
+            router_id=labels[LABEL_ROUTER],
+            ports=LocalRouterPorts(
+                amqp=int(annotations[ANNOTATION_AMQP_PORT]),
+                inter_router=int(annotations[ANNOTATION_INTER_ROUTER_PORT]),
+                admin=int(annotations[ANNOTATION_ADMIN_PORT]),
+            ),
+        )
+    except (KeyError, ValueError) as error:
+        raise WorkloadError(f"router workload lacks a readable {error}") from error
 
 
 class RenderedRouters:

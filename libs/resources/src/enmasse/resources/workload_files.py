@@ -20,7 +20,9 @@ import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import yaml
 
 Workload = TypeVar("Workload")
 
@@ -29,6 +31,26 @@ LABEL_SPACE = "enmasse.io/space"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"  # whose file it is: only its writer touches it
 ANNOTATION_AMQP_PORT = "enmasse.io/local-amqp-port"  # the loopback ports of the local runtime
 ANNOTATION_ADMIN_PORT = "enmasse.io/local-admin-port"
+
+
+class WorkloadError(ValueError):
+    """A file in the output that claims to be a writer's but does not say what its contract says."""
+
+
+def managed_statefulset(text: str, *, manager: str) -> dict[str, Any] | None:
+    """The metadata of the StatefulSet a rendered file holds, when `manager` wrote it; None for
+    a file that is somebody else's (another writer's, or people's)."""
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d]
+    except yaml.YAMLError as error:
+        raise WorkloadError(f"not YAML: {error}") from error
+    for doc in docs:
+        if not isinstance(doc, dict) or doc.get("kind") != "StatefulSet":
+            continue
+        metadata: dict[str, Any] = doc.get("metadata") or {}
+        labels = metadata.get("labels") or {}
+        return metadata if labels.get(LABEL_MANAGED_BY) == manager else None
+    return None
 
 
 def owned_files(
