@@ -15,10 +15,9 @@ import itertools
 import secrets
 from dataclasses import dataclass
 
+from enmasse.resources.contracts import DYNAMIC_PREFIX, SUBSCRIPTION_SEPARATOR
 from enmasse.router.config import AddressRoute, Distribution, RouterConfig
 
-DYNAMIC_PREFIX = "_dynamic/"
-SUBSCRIPTION_SEPARATOR = "::"  # the broker's name for a topic's subscription queue
 DYNAMIC = "dynamic"
 
 

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from enmasse.common.passwords import is_password_hash
+from enmasse.resources import contracts
 from enmasse.v1 import router_pb2
 
 
@@ -45,8 +46,8 @@ class Distribution(enum.Enum):
 
 
 class BrokerState(enum.Enum):
-    ACTIVE = "Active"
-    DRAINING = "Draining"
+    ACTIVE = contracts.ACTIVE
+    DRAINING = contracts.DRAINING
 
 
 @dataclass(frozen=True)

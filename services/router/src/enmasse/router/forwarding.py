@@ -3,11 +3,14 @@ outcome finds its way back.
 
 What flows in: engine events, handed over by the thin handlers in `handlers.py` (a client attached
 a producer or consumer link, a delivery arrived, an outcome or credit came back, a link or a
-connection went away), and configurations from RouterAdmin. What flows out: sends on links (raw
-payload bytes, never decoded), settlements and credit. The router's two other sides are parts of
-it: `MeshLinks` (`inter_router.py`: neighbours, adverts, links towards other routers) and
-`BrokerLinks` (`waypoints.py`: broker connections, sender links, consumer feeds); the state all
-three share is in `points.py`.
+connection went away), and configurations, already validated `RouterConfig` values (RouterAdmin's
+protobuf is `admin.py`'s business, as are the stats it reads off the state here). What flows out:
+sends on links (raw payload bytes, never decoded), settlements and credit. The router's two other
+sides are parts of it: `MeshLinks` (`inter_router.py`: neighbours, adverts, links towards other
+routers) and `BrokerLinks` (`waypoints.py`: broker connections, sender links, consumer feeds); they
+see this core through `core.ForwardingCore`, and get the engine handlers of the connections they
+dial from the factory main hands in (`ConnectionHandlers`), so no module of the router imports one
+that imports it back. The state all three share is in `points.py`.
 
 How a delivery travels, per address kind:
 - anycast (and dynamic reply addresses): to ONE target, chosen by `Balancer` (least outstanding,
@@ -37,10 +40,20 @@ Everything here runs on the engine thread; nothing blocks.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
+from typing import Protocol
 
 import structlog
 from enmasse.amqp import codec
-from enmasse.amqp.engine import Condition, Connection, Delivery, Engine, Link, Outcome
+from enmasse.amqp.engine import (
+    Condition,
+    Connection,
+    ConnectionHandler,
+    Delivery,
+    Engine,
+    Link,
+    Outcome,
+)
 from enmasse.amqp.message_trace import MARK, flagged_unsampled
 from enmasse.amqp.wire import OUTCOME_ACCEPTED, OUTCOME_NONE
 from enmasse.router import windows
@@ -51,7 +64,7 @@ from enmasse.router.addressing import (
     UnknownAddress,
     resolve,
 )
-from enmasse.router.config import RouterConfig, config_from_proto, config_to_proto, decide_apply
+from enmasse.router.config import RouterConfig
 from enmasse.router.fanout import CopyQueue
 from enmasse.router.hops import traced_hop
 from enmasse.router.inter_router import MeshLinks
@@ -79,18 +92,31 @@ from enmasse.router.points import (
     ConnectionRole,
     LinkState,
 )
-from enmasse.router.waypoints import BrokerLinks
+from enmasse.router.waypoints import BrokerLinks, BrokerSession
 from enmasse.router.windows import refill
-from enmasse.v1 import router_pb2
 
 log = structlog.get_logger("enmasse.router")
+
+
+class ConnectionHandlers(Protocol):
+    """Makes the engine handlers of this router's connections (`handlers.RouterHandlers`)."""
+
+    def client(self) -> ConnectionHandler: ...
+    def mesh(self) -> ConnectionHandler: ...
+    def peer(self, router_id: str) -> ConnectionHandler: ...
+    def broker(self, session: BrokerSession) -> ConnectionHandler: ...
 
 
 class Router:
     """The forwarding core of one router process. See the module docstring."""
 
     def __init__(
-        self, *, router_id: str, engine: Engine, idle_timeout: float | None = None
+        self,
+        *,
+        router_id: str,
+        engine: Engine,
+        handlers: Callable[[Router], ConnectionHandlers],
+        idle_timeout: float | None = None,
     ) -> None:
         self.router_id = router_id
         self.engine = engine
@@ -103,16 +129,16 @@ class Router:
         self._connection_ids = itertools.count(1)
         self._max_message_size = 0
         self.log = log.bind(router=router_id)
-        self.mesh_links = MeshLinks(self)
-        self.broker_links = BrokerLinks(self)
+        # The factory only keeps the router: handlers are made per connection, once it is whole.
+        self.handlers = handlers(self)
+        self.mesh_links = MeshLinks(self, handler_for_peer=self.handlers.peer)
+        self.broker_links = BrokerLinks(self, handler_for_broker=self.handlers.broker)
 
     # ------------------------------------------------------------------ configuration
 
-    def apply_config(self, pushed: router_pb2.RouterConfig) -> router_pb2.ApplyConfigResponse:
-        """Validates first (ConfigError / StaleGeneration change nothing), then swaps in whole."""
-        if not decide_apply(running=self.config, pushed_generation=pushed.generation):
-            return router_pb2.ApplyConfigResponse(generation=self.config.generation, changed=False)
-        config = config_from_proto(pushed, router_id=self.router_id)
+    def apply_config(self, config: RouterConfig) -> None:
+        """Swaps in a configuration whole (validated, and newer than the running one: `admin.py`
+        checks both before, so nothing here is half-applied)."""
         previous, self.config = self.config, config
         self._max_message_size = config.limits.max_message_size
         self.log.info("config applied", generation=config.generation, space=config.space)
@@ -121,10 +147,6 @@ class Router:
         self.mesh_links.sync_peers()
         self.mesh_links.advertise()
         self.mesh_changed()
-        return router_pb2.ApplyConfigResponse(generation=config.generation, changed=True)
-
-    def config_proto(self) -> router_pb2.RouterConfig:
-        return config_to_proto(self.config)
 
     def _retire_addresses(self, previous: RouterConfig) -> None:
         """Points whose route changed are rebuilt; links to deleted addresses are closed."""
@@ -717,89 +739,6 @@ class Router:
         if point.kind == DYNAMIC:
             return 1
         return self.mesh.consumers_at(router, point.address)
-
-    # ------------------------------------------------------------------ admin views
-
-    def stats(self, *, address: str) -> router_pb2.RouterStats:
-        """Every configured address (used here or not) and every other address in use."""
-        names = [
-            *self.config.addresses,
-            *(a for a in self.points if a not in self.config.addresses),
-        ]
-        addresses = [self._address_stats(name) for name in names if not address or name == address]
-        return router_pb2.RouterStats(
-            router_id=self.router_id,
-            generation=self.config.generation,
-            addresses=addresses,
-            connections=self.connection_infos(),
-            reachable_routers=self.mesh.reachable(),
-        )
-
-    def _address_stats(self, address: str) -> router_pb2.AddressStats:
-        point = self.points.get(address)
-        route = self.config.route(address)
-        routers = self.mesh.routers_with_consumers(address)
-        remote = len(routers)
-        remote_consumers = sum(self.mesh.consumers_at(r, address) for r in routers)
-        if point is None:
-            kind = route.distribution.value if route is not None else ANYCAST
-            return router_pb2.AddressStats(
-                address=address,
-                type=kind,
-                remote_routers=remote,
-                remote_consumers=remote_consumers,
-            )
-        c = point.counters
-        return router_pb2.AddressStats(
-            address=address,
-            type=point.kind,
-            deliveries_in=c.deliveries_in,
-            deliveries_out=c.deliveries_out,
-            accepted=c.accepted,
-            rejected=c.rejected,
-            released=c.released,
-            modified=c.modified,
-            dropped=c.dropped,
-            consumers=len(point.local),
-            producers=len(point.producers),
-            remote_routers=remote,
-            remote_consumers=remote_consumers,
-        )
-
-    def connection_infos(self) -> list[router_pb2.ConnectionInfo]:
-        return [
-            router_pb2.ConnectionInfo(
-                id=record.id,
-                container_id=record.connection.container_id or "",
-                remote=record.connection.peer,
-                role=record.role.value,
-                user=record.connection.user or "",
-                links=len(record.connection.links),
-                deliveries_in=record.deliveries_in,
-                deliveries_out=record.deliveries_out,
-            )
-            for record in self.connections.values()
-        ]
-
-    def link_infos(self, *, connection_id: int) -> list[router_pb2.LinkInfo]:
-        infos = []
-        for record in self.connections.values():
-            if connection_id and record.id != connection_id:
-                continue
-            for link in record.connection.links:
-                state = link.context
-                infos.append(
-                    router_pb2.LinkInfo(
-                        connection_id=record.id,
-                        name=link.name,
-                        role="sender" if link.is_sender else "receiver",
-                        address=link.address or "",
-                        credit=link.credit,
-                        unsettled=len(link.unsettled),
-                        deliveries=state.deliveries if isinstance(state, LinkState) else 0,
-                    )
-                )
-        return infos
 
     # ------------------------------------------------------------------ housekeeping
 

@@ -8,6 +8,11 @@ to its mesh side (`router.mesh_links`) or broker side (`router.broker_links`):
 - `MeshHandler`: connections between routers, accepted on the inter-router port or dialled by us;
 - `BrokerHandler`: the connection this router dials to one broker of the space.
 
+`RouterHandlers` makes them: main hands it to the `Router`, whose listeners, mesh side and broker
+side ask it for a handler per connection. This module imports the core; the core and its sides
+never import this module (they know the factory by the `forwarding.ConnectionHandlers` Protocol
+and by the plain callables it hands them), so the two do not import each other.
+
 The per-message events (`on_message`, `on_outcome`, `on_link_credit`) are the same for every kind
 of connection: the link's own state (in `link.context`) says what it is.
 """
@@ -102,3 +107,26 @@ class BrokerHandler(_Deliveries):
 
     def on_link_detach(self, link: Link, *, closed: bool, error: Condition | None) -> None:
         self.router.broker_links.link_detached(link, error=error)
+
+
+class RouterHandlers:
+    """Makes the engine handlers of one router's connections (`forwarding.ConnectionHandlers`)."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    def client(self) -> ClientHandler:
+        """For a connection accepted on the client port (or the amqps port)."""
+        return ClientHandler(self.router)
+
+    def mesh(self) -> MeshHandler:
+        """For a connection accepted on the inter-router port."""
+        return MeshHandler(self.router)
+
+    def peer(self, router_id: str) -> MeshHandler:
+        """For a connection this router dials to the router of that id."""
+        return MeshHandler(self.router, expected=router_id)
+
+    def broker(self, session: BrokerSession) -> BrokerHandler:
+        """For the connection this router dials to the broker of that session."""
+        return BrokerHandler(self.router, session)

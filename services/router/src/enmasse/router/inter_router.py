@@ -21,13 +21,14 @@ their routes: the mesh converges in the time the adverts take to cross it.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from enmasse.amqp import codec
-from enmasse.amqp.engine import Condition, Connection, Delivery, Link
+from enmasse.amqp.engine import Condition, Connection, ConnectionHandler, Delivery, Link
 from enmasse.router.access import MeshSecret, is_router_id
 from enmasse.router.config import MeshPeer
+from enmasse.router.core import ForwardingCore
 from enmasse.router.fanout import CopyQueue
 from enmasse.router.mesh import RouterAdvert
 from enmasse.router.points import (
@@ -53,9 +54,6 @@ from enmasse.router.points import (
 )
 from enmasse.router.windows import refill
 
-if TYPE_CHECKING:
-    from enmasse.router.forwarding import Router
-
 
 @dataclass(eq=False)
 class Neighbor:
@@ -68,10 +66,16 @@ class Neighbor:
 
 
 class MeshLinks:
-    """Connections and links to the other routers of the mesh, for one router."""
+    """Connections and links to the other routers of the mesh, for one router (its forwarding
+    core seen through `core.ForwardingCore`)."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(
+        self, router: ForwardingCore, *, handler_for_peer: Callable[[str], ConnectionHandler]
+    ) -> None:
         self.router = router
+        # The engine handler of a connection we dial to the router of that id (`handlers.py`,
+        # wired by main): passed in, so this module need not import the handlers that wrap it.
+        self._handler_for_peer = handler_for_peer
         self.neighbors: dict[str, Neighbor] = {}
         self._dialing: dict[str, int] = {}  # peer router id -> attempts so far
         # The space's shared secret (set by main before the engine runs); None: an open mesh.
@@ -93,13 +97,11 @@ class MeshLinks:
         if current is None or peer.router_id in self.neighbors:
             self._dialing.pop(peer.router_id, None)
             return
-        from enmasse.router.handlers import MeshHandler
-
         self._dialing[peer.router_id] = self._dialing.get(peer.router_id, 0)
         self.router.engine.connect(
             host=current.host,
             port=current.port,
-            handler=MeshHandler(self.router, expected=current.router_id),
+            handler=self._handler_for_peer(current.router_id),
             container_id=self.router.router_id,
             idle_timeout=self.router.idle_timeout,
             user=self.router.router_id if self.secret is not None else None,

@@ -6,6 +6,8 @@ client TLS port (amqps, with --tls-cert/--tls-key) and the inter-router port; Ro
 are written as JSON to --ports-file once everything listens, which is how tests and `enmasse up`
 find them. An optional --config file (a RouterConfig in protobuf JSON) is applied before the first
 client can connect; otherwise the router-agent pushes one. SIGTERM / SIGINT stop the engine.
+The parts meet here: the `Router` gets its handler factory (`handlers.RouterHandlers`), whose
+handlers the listeners use too, and RouterAdmin its `AdminView` over the router.
 
 Who gets in (`access.py`): with --mesh-secret-file the inter-router port takes only routers that
 log in with the space's secret, and this router logs in to its peers with it; without one the
@@ -32,9 +34,9 @@ from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server
 from enmasse.common.tracing import configure_service_tracing
 from enmasse.router.access import MeshSecret, MeshSecretError, UserLogins, world_readable
-from enmasse.router.admin import SERVICE_NAME, RouterAdminServicer
+from enmasse.router.admin import SERVICE_NAME, AdminView, RouterAdminServicer
 from enmasse.router.forwarding import Router
-from enmasse.router.handlers import ClientHandler, MeshHandler
+from enmasse.router.handlers import RouterHandlers
 from enmasse.v1 import router_pb2, router_pb2_grpc
 from google.protobuf import json_format
 
@@ -44,14 +46,14 @@ log = structlog.get_logger("enmasse.router")
 def _serve_admin(
     *,
     engine: Engine,
-    router: Router,
+    view: AdminView,
     host: str,
     port: int,
     bound: list[int],
     ready: threading.Event,
 ) -> None:
     async def serve() -> None:
-        servicer = RouterAdminServicer(engine=engine, router=router)
+        servicer = RouterAdminServicer(engine=engine, view=view)
         running = await start_server(
             registrations=[
                 (router_pb2_grpc.add_RouterAdminServicer_to_server, servicer, SERVICE_NAME)
@@ -146,15 +148,21 @@ def main(
     configure_logging(service="router")
     configure_service_tracing(service="router")
     engine = Engine(container_id=router_id)
-    router = Router(router_id=router_id, engine=engine, idle_timeout=idle_timeout or None)
+    router = Router(
+        router_id=router_id,
+        engine=engine,
+        handlers=RouterHandlers,
+        idle_timeout=idle_timeout or None,
+    )
     router.mesh_links.secret = secret
+    view = AdminView(router)
     if config_path:
         pushed = json_format.Parse(Path(config_path).read_text(), router_pb2.RouterConfig())
-        router.apply_config(pushed)
+        view.apply_config(pushed)
     listen_for_clients = functools.partial(
         engine.listen,
         host=host,
-        handler_factory=lambda: ClientHandler(router),
+        handler_factory=router.handlers.client,
         idle_timeout=idle_timeout or None,
         max_message_size=max_message_size,
         max_frame_size=max_frame_size,
@@ -176,7 +184,7 @@ def main(
     ports["inter_router"] = engine.listen(
         host=host,
         port=inter_router_port,
-        handler_factory=lambda: MeshHandler(router),
+        handler_factory=router.handlers.mesh,
         idle_timeout=idle_timeout or None,
         authenticator=secret.admits if secret is not None else None,
     )
@@ -186,7 +194,7 @@ def main(
         target=_serve_admin,
         kwargs={
             "engine": engine,
-            "router": router,
+            "view": view,
             "host": host,
             "port": admin_port,
             "bound": bound,

@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from enmasse.amqp.engine import Connection, Delivery, Link
+from enmasse.resources.contracts import MESH_PREFIX
 from enmasse.router.addressing import Resolution
 from enmasse.router.balancing import Balancer
 from enmasse.router.config import Distribution
@@ -43,9 +44,9 @@ CONTROL_WINDOW = 1000
 REDIAL_SECONDS = (0.1, 0.25, 0.5, 1.0)
 SWEEP_SECONDS = 30.0
 
-MESH_CONTROL = "_mesh/control"
-MESH_TO = "_mesh/to/"
-MESH_MULTICAST = "_mesh/mc/"
+MESH_CONTROL = f"{MESH_PREFIX}control"
+MESH_TO = f"{MESH_PREFIX}to/"
+MESH_MULTICAST = f"{MESH_PREFIX}mc/"
 
 ANYCAST = Distribution.ANYCAST.value
 MULTICAST = Distribution.MULTICAST.value

@@ -25,12 +25,13 @@ through any router of the mesh, finds its subscription.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from enmasse.amqp.engine import (
     Condition,
     Connection,
+    ConnectionHandler,
     Delivery,
     Link,
     Outcome,
@@ -38,6 +39,7 @@ from enmasse.amqp.engine import (
     Timer,
 )
 from enmasse.router.config import Waypoint
+from enmasse.router.core import ForwardingCore
 from enmasse.router.points import (
     BROKER_IN,
     BROKER_OUT,
@@ -46,9 +48,6 @@ from enmasse.router.points import (
     ConnectionRole,
     LinkState,
 )
-
-if TYPE_CHECKING:
-    from enmasse.router.forwarding import Router
 
 BROKER_CONTAINER_ID = "enmasse-router"
 REATTACH_FIRST_SECONDS = 0.1
@@ -96,10 +95,19 @@ class BrokerSession:
 
 
 class BrokerLinks:
-    """Connections and links to the brokers of the space, for one router."""
+    """Connections and links to the brokers of the space, for one router (its forwarding core
+    seen through `core.ForwardingCore`)."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(
+        self,
+        router: ForwardingCore,
+        *,
+        handler_for_broker: Callable[[BrokerSession], ConnectionHandler],
+    ) -> None:
         self.router = router
+        # The engine handler of a broker connection (`handlers.py`, wired by main): passed in,
+        # so this module need not import the handlers that wrap it.
+        self._handler_for_broker = handler_for_broker
         self.sessions: dict[str, BrokerSession] = {}
 
     def sync_targets(self, point: AddressPoint) -> None:
@@ -311,12 +319,10 @@ class BrokerLinks:
     def _dial(self, session: BrokerSession) -> None:
         if session.retired:
             return
-        from enmasse.router.handlers import BrokerHandler  # the handlers wrap this module
-
         session.connection = self.router.engine.connect(
             host=session.waypoint.host,
             port=session.waypoint.port,
-            handler=BrokerHandler(self.router, session),
+            handler=self._handler_for_broker(session),
             # One container id for every router of the space: the broker names a durable
             # subscription after (container id, link name), and a subscriber that comes back
             # through another router must find the same one.
