@@ -1,6 +1,7 @@
 """AMQP 1.0 for EnMasse-py's message plane, on proton-c without proton's reactor.
 
-- `engine`: one epoll loop driving many connections; routers, brokers and fast clients build on it.
+- `engine`: one epoll loop driving many connections; routers, brokers and fast clients build on it
+  (a package: `loop`, `endpoints`, `security`, `events`; its docstring tells which does what).
 - `codec`: encode a message once, read its header / `to` without decoding the body.
 - `client`: blocking senders and receivers on the engine (tests, tools) and bulk runners (benches).
 - `wire`: outcomes, conditions, termini, TLS settings and their proton-c form (attach/open time).
@@ -31,7 +32,7 @@ A process on the engine, in short (everything runs on the engine's thread):
     port = engine.listen(host="127.0.0.1", port=0, handler_factory=Queue)
     engine.run()                                         # or engine.run_in_thread()
 
-From another thread (asyncio admin): `await asyncio.wrap_future(engine.submit(fn))`.
+From another thread (asyncio admin): `await engine.call(fn)`.
 """
 
 from enmasse.amqp.engine import (

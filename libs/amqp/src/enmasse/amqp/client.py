@@ -38,6 +38,7 @@ from enmasse.amqp.engine import (
     Terminus,
     Tls,
 )
+from enmasse.amqp.engine.endpoints import EngineSide
 
 
 class AmqpError(Exception):
@@ -384,7 +385,7 @@ class _BulkSend(ConnectionHandler):
         self.buffer = bytearray(payload)
         self.stamp_at = _stamp_offset(payload) if stamp else -1
         self.payload = payload
-        self.engine: Engine | None = None
+        self.engine: EngineSide | None = None  # the connection's, once it opens
 
     def on_connection_open(self, conn: Connection) -> None:
         self.engine = conn.engine
@@ -492,7 +493,7 @@ class _BulkReceive(ConnectionHandler):
         self.result = BulkResult()
         self.unflowed = 0
         self.last_seen = -1
-        self.engine: Engine | None = None
+        self.engine: EngineSide | None = None  # the connection's, once it opens
 
     def on_connection_open(self, conn: Connection) -> None:
         self.engine = conn.engine

@@ -1,8 +1,8 @@
 """BrokerAdmin over gRPC: a thin servicer that turns requests into calls on the `Broker` domain.
 
 The gRPC server runs its own asyncio loop in its own thread; the broker's state belongs to the
-engine thread. So every call is posted to the engine thread (`on_engine`, built on the engine's
-`call_soon_threadsafe`) and awaited through a future: one owner of the state, no locks. Domain
+engine thread. So every call runs on the engine thread and is awaited there (`engine.call`; what
+needs no answer is handed over with `engine.submit`): one owner of the state, no locks. Domain
 errors become gRPC statuses with the domain's own words: InvalidName -> INVALID_ARGUMENT,
 NotFound -> NOT_FOUND, Conflict -> ALREADY_EXISTS, a topic to drain without target_admin or a
 queue another drain is moving -> FAILED_PRECONDITION; a failed drain -> UNAVAILABLE.
@@ -26,10 +26,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import grpc
 import structlog
+from enmasse.amqp.engine import Engine
 from enmasse.broker.broker import AddressError, Broker, Conflict, InvalidName, NotFound
 from enmasse.broker.drain import Drain, DrainRefused, Selection, select
 from enmasse.broker.inbox import InboxAddress
@@ -40,7 +41,6 @@ from enmasse.v1 import broker_pb2, broker_pb2_grpc
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
-OnEngine = Callable[[Callable[[], Any]], "concurrent.futures.Future[Any]"]
 # (engine thread) host, port, queues, token -> the running drain
 DrainStarter = Callable[[str, int, list[Queue], str], Drain]
 PREPARE_TIMEOUT = 30.0
@@ -53,36 +53,16 @@ _CODES: dict[type[AddressError], grpc.StatusCode] = {
 }
 
 
-def post_to(call_soon_threadsafe: Callable[[Callable[[], None]], object]) -> OnEngine:
-    """Builds `on_engine`: run a function on the engine thread, its result in a future."""
-
-    def on_engine(fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-        def run() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
-            try:
-                future.set_result(fn())
-            except BaseException as exc:
-                future.set_exception(exc)
-
-        call_soon_threadsafe(run)
-        return future
-
-    return on_engine
-
-
 class BrokerAdmin(broker_pb2_grpc.BrokerAdminServicer):
-    def __init__(self, *, broker: Broker, on_engine: OnEngine, start_drain: DrainStarter) -> None:
+    def __init__(self, *, broker: Broker, engine: Engine, start_drain: DrainStarter) -> None:
         self._broker = broker
-        self._on_engine = on_engine
+        self._engine = engine
         self._start_drain = start_drain
         self._catalog_sync: concurrent.futures.Future[None] | None = None  # engine thread only
 
     async def _call(self, context: grpc.aio.ServicerContext, fn: Callable[[], T]) -> T:
         try:
-            return await asyncio.wrap_future(self._on_engine(fn))
+            return await self._engine.call(fn)
         except AddressError as exc:
             await context.abort(_code_of(exc), str(exc))
             raise  # abort raises; this line keeps type checkers honest
@@ -115,7 +95,7 @@ class BrokerAdmin(broker_pb2_grpc.BrokerAdminServicer):
         """(engine thread) The next catalog commit, posted behind the calls already queued."""
         if self._catalog_sync is None:
             self._catalog_sync = concurrent.futures.Future()
-            self._on_engine(self._commit_catalog)
+            self._engine.submit(self._commit_catalog)
         return self._catalog_sync
 
     def _commit_catalog(self) -> None:
@@ -167,11 +147,9 @@ class BrokerAdmin(broker_pb2_grpc.BrokerAdminServicer):
             context, lambda: select(self._broker, names, with_topics=bool(target_admin))
         )
         token = await self._prepare_target(context, target_admin, selection) if target_admin else ""
-        drain: Drain = await asyncio.wrap_future(
-            self._on_engine(
-                lambda: self._start_drain(
-                    request.target_host, request.target_port, selection.queues, token
-                )
+        drain: Drain = await self._engine.call(
+            lambda: self._start_drain(
+                request.target_host, request.target_port, selection.queues, token
             )
         )
         try:
@@ -179,7 +157,7 @@ class BrokerAdmin(broker_pb2_grpc.BrokerAdminServicer):
         except (OSError, RuntimeError) as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"drain stopped: {exc}")
         except asyncio.CancelledError:
-            self._on_engine(drain.cancel)
+            self._engine.submit(drain.cancel)
             raise
         log.info("drained", messages=moved, addresses=drained)
         return broker_pb2.DrainResponse(messages_moved=moved, addresses=drained)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import structlog
 from enmasse.amqp.engine import Engine, settle_gc_for_message_loop
-from enmasse.broker.admin import BrokerAdmin, post_to
+from enmasse.broker.admin import BrokerAdmin
 from enmasse.broker.broker import AddressError, Broker
 from enmasse.broker.config import Settings, load_addresses
 from enmasse.broker.drain import Drain
@@ -145,9 +145,7 @@ def main(argv: list[str] | None = None) -> None:
             after_change=endpoint.schedule_commit,
         )
 
-    servicer = BrokerAdmin(
-        broker=broker, on_engine=post_to(engine.call_soon_threadsafe), start_drain=start_drain
-    )
+    servicer = BrokerAdmin(broker=broker, engine=engine, start_drain=start_drain)
     admin_port = start_admin(settings=settings, servicer=servicer)
     if settings.ports_file is not None:
         write_ports(settings.ports_file, {"amqp": port, "admin": admin_port, "pid": os.getpid()})
