@@ -15,6 +15,12 @@ NON-atomic `Apply` per space under one manager ("gitops"), with prune, so that:
 - a space directory that disappears gets an empty Apply with prune, which removes what gitops
   owns there (the AddressSpace too, when gitops created it).
 
+What one sync reads is bounded (`enmasse.resources.manifests`: bytes, documents and depth per
+file, files and bytes per space directory and per sync, no YAML aliases): a file over a bound is
+refused like an unreadable one, and every space with a file left unread is applied without prune.
+The reading runs in a worker thread, so that the config service's event loop serves everyone
+else meanwhile.
+
 The outcome is a `SyncStatus` (revision, counts per action, refused objects with file:line and
 reason), written as JSON (`write_status`): one simple place that a person, a probe or a test reads.
 
@@ -27,6 +33,7 @@ results of the resource model only.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -36,7 +43,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from enmasse.resources.kinds import AnyObject, Key, key_of
-from enmasse.resources.manifests import MANIFEST_SUFFIXES, Manifest, ManifestError, load_paths
+from enmasse.resources.manifests import (
+    MANIFEST_SUFFIXES,
+    MAX_BYTES_PER_READ,
+    MAX_BYTES_PER_SPACE,
+    MAX_FILE_BYTES,
+    MAX_FILES_PER_SPACE,
+    Manifest,
+    ManifestError,
+    ReadBudget,
+    load_paths,
+)
 from enmasse.v1 import config_pb2
 
 DEFAULT_MANAGER = "gitops"
@@ -88,9 +105,21 @@ class SyncStatus:
 # ---------------------------------------------------------------- reading the directory
 
 
-def read_tree(root: Path) -> list[SpaceManifests]:
-    """Every space directory under `root` (hidden ones and plain files skipped), sorted."""
-    return [read_space(path) for path in space_dirs(root)]
+def read_tree(root: Path, *, budget: ReadBudget | None = None) -> list[SpaceManifests]:
+    """Every space directory under `root` (hidden ones and plain files skipped), sorted, each
+    within a space's budget inside one sync's `ReadBudget` (a fresh one when none is given)."""
+    sync = budget if budget is not None else ReadBudget(scope="in one sync")
+    return [read_space(path, budget=space_budget(sync)) for path in space_dirs(root)]
+
+
+def space_budget(sync: ReadBudget) -> ReadBudget:
+    """One space directory's share of a sync: a tenant cannot read what the others need."""
+    return ReadBudget(
+        max_files=MAX_FILES_PER_SPACE,
+        max_bytes=MAX_BYTES_PER_SPACE,
+        scope="from one space directory",
+        within=sync,
+    )
 
 
 def space_dirs(root: Path) -> list[Path]:
@@ -99,9 +128,9 @@ def space_dirs(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def read_space(directory: Path) -> SpaceManifests:
+def read_space(directory: Path, *, budget: ReadBudget | None = None) -> SpaceManifests:
     files = manifest_files(directory)
-    loaded = load_paths(files, default_space=directory.name)
+    loaded = load_paths(files, default_space=directory.name, budget=budget)
     return SpaceManifests(space=directory.name, manifests=loaded.manifests, errors=loaded.errors)
 
 
@@ -120,13 +149,30 @@ def manifest_files(directory: Path) -> list[Path]:
 
 def tree_revision(root: Path) -> str:
     """A content hash of the directory (paths and bytes): the revision when no git commit names
-    it. The sidecar rewrites files in place; equal bytes mean nothing to apply."""
+    it. The sidecar rewrites files in place; equal bytes mean nothing to apply.
+
+    Bounded as the sync's reading is: at most MAX_FILE_BYTES + 1 of a file and MAX_BYTES_PER_READ
+    in all are hashed; beyond that a file counts by its size and modification time (the sync
+    refuses it anyway, and notices when it shrinks back)."""
     digest = hashlib.sha256()
+    left = MAX_BYTES_PER_READ
     for space in space_dirs(root):
         for path in manifest_files(space):
             digest.update(str(path.relative_to(root)).encode() + b"\0")
-            digest.update(path.read_bytes() + b"\0")
+            head = _head(path, limit=min(MAX_FILE_BYTES + 1, max(left, 0)))
+            left -= len(head)
+            digest.update(head + b"\0")
     return "sha256:" + digest.hexdigest()[:16]
+
+
+def _head(path: Path, *, limit: int) -> bytes:
+    """The file's first `limit` bytes, and its size and mtime when it holds more."""
+    stat = path.stat()
+    with path.open("rb") as stream:
+        head = stream.read(limit)
+    if stat.st_size > len(head):
+        head += f"\0{stat.st_size}:{stat.st_mtime_ns}".encode()
+    return head
 
 
 # ---------------------------------------------------------------- requests and results
@@ -203,7 +249,7 @@ async def sync_tree(
 ) -> SyncStatus:
     """Applies every space directory under `root`, prunes the spaces that disappeared, and
     returns what happened. gRPC errors propagate: the caller decides to retry."""
-    spaces = read_tree(root)
+    spaces = await asyncio.to_thread(read_tree, root)
     status = SyncStatus(revision=revision or tree_revision(root))
     for space in spaces:
         record_unreadable(status, space=space)

@@ -23,6 +23,15 @@ so that what `get` prints can be edited and applied again.
 
 Which kinds exist, which message each one is and which part of it is spec or status: the one
 table, `enmasse.resources.kinds`.
+
+Bounded, because the input is not always a friend's: the GitOps sync reads every tenant's manifest
+directory inside the one config service they all share, so one file must never be able to stall it.
+YAML anchors and aliases are refused while the document is composed (`_BoundedLoader`), before any
+tree exists, so a "billion laughs" costs what its few hundred bytes cost to read; nesting depth,
+documents, nodes and bytes per file are capped, and so are the files and bytes of one read (one
+sync, one `validate` or `apply`: a `ReadBudget`) and, in a sync, of one space directory (one
+tenant's share). The limits are the `MAX_*` constants below; each refusal is a `ManifestError`
+naming the file, the line and the limit.
 """
 
 from __future__ import annotations
@@ -30,10 +39,11 @@ from __future__ import annotations
 import datetime
 import difflib
 import json
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 from enmasse.resources.kinds import API_VERSION, KINDS, kind_of, object_of, resource_of
@@ -42,6 +52,31 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 MANIFEST_SUFFIXES = (".yaml", ".yml")
+
+# ---------------------------------------------------------------- bounds
+# A manifest is a handful of keys a few levels deep; these leave room for thousands of them and
+# none for a file built to exhaust the reader.
+
+MAX_FILE_BYTES: Final = 1 << 20
+"""Bytes of one manifest file (1 MiB): thousands of addresses; a bigger file is not read at all."""
+MAX_DOCUMENTS_PER_FILE: Final = 1000
+"""`---`-separated documents of one file; a repository splits more across files."""
+MAX_DEPTH: Final = 32
+"""Nesting of mappings and lists in one document (a MessagingUser, the deepest kind, needs 6)."""
+MAX_NODES_PER_FILE: Final = 100_000
+"""YAML nodes (keys, values, lists, mappings) of one file: an Address is about a dozen. A node
+costs the pure-Python loader some 1 KiB and 20 µs, so this caps what a 1 MiB file of one-character
+values could cost (half a million nodes) at about 100 MiB and 2 s."""
+MAX_FILES_PER_READ: Final = 10_000
+"""Manifest files of one read: one GitOps sync (every space directory), one `validate`/`apply`."""
+MAX_BYTES_PER_READ: Final = 32 << 20
+"""Bytes of one read (32 MiB): what the sync parses before it applies anything."""
+MAX_FILES_PER_SPACE: Final = 1000
+"""Manifest files of one space directory in a GitOps sync: one tenant's share of a sync."""
+MAX_BYTES_PER_SPACE: Final = 4 << 20
+"""Bytes of one space directory in a GitOps sync (4 MiB): one tenant's share of a sync."""
+ANCHORS_REFUSED: Final = "YAML anchors and aliases are not allowed in manifests"
+"""Not bounded but refused: an alias is how a few hundred bytes expand to gigabytes."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +118,87 @@ class Loaded:
         self.errors.extend(other.errors)
 
 
+@dataclass
+class ReadBudget:
+    """What one read of manifests may still take, in files and bytes. Shared by every
+    `load_paths` call of that read; `within` is a larger read it is part of, which is charged
+    too (the GitOps sync gives each space directory its own budget within the sync's, so that
+    one tenant's directory cannot use up what every other tenant's needs)."""
+
+    max_files: int = MAX_FILES_PER_READ
+    max_bytes: int = MAX_BYTES_PER_READ
+    scope: str = "at once"  # how the messages name the read
+    within: ReadBudget | None = None
+    files_read: int = 0
+    bytes_read: int = 0
+
+    def charge(self, *, files: int = 0, size: int = 0) -> None:
+        self.files_read += files
+        self.bytes_read += size
+        if self.within is not None:
+            self.within.charge(files=files, size=size)
+
+    def exhausted(self) -> str:
+        """Why no further file may be read, or "" while one may."""
+        if self.files_read >= self.max_files:
+            return f"too many manifest files: at most {self.max_files} are read {self.scope}"
+        return self.overspent() or (self.within.exhausted() if self.within is not None else "")
+
+    def overspent(self) -> str:
+        """Why the bytes read so far are too many, or "" while they fit."""
+        if self.bytes_read > self.max_bytes:
+            return (
+                f"too many manifest bytes: at most {_mib(self.max_bytes)} "
+                f"({self.max_bytes} bytes) are read {self.scope}"
+            )
+        return self.within.overspent() if self.within is not None else ""
+
+
+class _Refused(Exception):
+    """A bound or rule of the composer broken; stops the file where the parser stands."""
+
+    def __init__(self, message: str, mark: yaml.Mark) -> None:
+        super().__init__(message)
+        self.message = message
+        self.line = mark.line + 1
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader, refusing anchors, aliases, deep nesting and too many nodes node by
+    node while it composes, so that what an alias would expand to is never built (the anchor is
+    refused before its first alias is even read), no recursion goes deeper than MAX_DEPTH and no
+    file builds more than MAX_NODES_PER_FILE nodes."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._nodes = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        event = self.peek_event()
+        anchor = getattr(event, "anchor", None)  # node events have one; None when not marked
+        if anchor is not None:
+            sign = "*" if isinstance(event, yaml.AliasEvent) else "&"
+            raise _Refused(f"{ANCHORS_REFUSED} ({sign}{anchor})", event.start_mark)
+        if self._depth >= MAX_DEPTH:
+            raise _Refused(
+                f"nested too deeply: a manifest may nest at most {MAX_DEPTH} levels",
+                event.start_mark,
+            )
+        self._nodes += 1
+        if self._nodes > MAX_NODES_PER_FILE:
+            raise _Refused(
+                f"too many YAML nodes: a manifest file may hold at most {MAX_NODES_PER_FILE} "
+                "keys, values, lists and mappings",
+                event.start_mark,
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
 class _BadManifest(Exception):
     def __init__(self, message: str, *, path: str = "", line: int = 0) -> None:
         super().__init__(message)
@@ -111,18 +227,64 @@ def display_name(resource: resources_pb2.Resource) -> str:
 # ---------------------------------------------------------------- loading
 
 
-def load_paths(paths: Iterable[str | Path], *, default_space: str = "") -> Loaded:
-    """Every manifest of the given files and directories (recursively, *.yaml / *.yml, sorted)."""
+def load_paths(
+    paths: Iterable[str | Path], *, default_space: str = "", budget: ReadBudget | None = None
+) -> Loaded:
+    """Every manifest of the given files and directories (recursively, *.yaml / *.yml, sorted),
+    within `budget` (a fresh one when none is given). Once the budget is spent, the first file
+    left unread gets an error naming the limit and how many files were not read, so that no
+    caller mistakes an unread file for a deleted one."""
+    budget = budget if budget is not None else ReadBudget()
     loaded = Loaded()
-    for path in paths:
-        for file in _manifest_files(Path(path), loaded):
-            try:
-                text = file.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                loaded.errors.append(ManifestError(str(file), 1, f"cannot read file: {exc}"))
-                continue
+    files = [file for path in paths for file in _manifest_files(Path(path), loaded)]
+    for index, file in enumerate(files):
+        if spent := budget.exhausted():
+            unread = f"this file and the {len(files) - index - 1} after it were not read"
+            loaded.errors.append(ManifestError(str(file), 1, f"{spent}: {unread}"))
+            break
+        text = _read_manifest_file(file, budget, loaded)
+        if text is not None:
             loaded.extend(parse_text(text, file=str(file), default_space=default_space))
     return loaded
+
+
+def _read_manifest_file(file: Path, budget: ReadBudget, loaded: Loaded) -> str | None:
+    """The file's text, read no further than MAX_FILE_BYTES; None (and an error) when it cannot
+    be read, is too big, or does not fit in what the budget has left."""
+    budget.charge(files=1)
+    try:
+        with file.open("rb") as stream:
+            # Sized by the file (a read of n bytes allocates n), and never past the limit.
+            size = os.fstat(stream.fileno()).st_size
+            data = stream.read(min(size, MAX_FILE_BYTES) + 1)
+            if size < len(data) <= MAX_FILE_BYTES:  # it grew meanwhile: the rest, to the limit
+                data += stream.read(MAX_FILE_BYTES + 1 - len(data))
+    except OSError as exc:
+        loaded.errors.append(ManifestError(str(file), 1, f"cannot read file: {exc}"))
+        return None
+    if len(data) > MAX_FILE_BYTES:
+        loaded.errors.append(ManifestError(str(file), 1, _too_large_message()))
+        return None
+    budget.charge(size=len(data))
+    if spent := budget.overspent():
+        loaded.errors.append(ManifestError(str(file), 1, spent))
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        loaded.errors.append(ManifestError(str(file), 1, f"cannot read file: {exc}"))
+        return None
+
+
+def _too_large_message() -> str:
+    return (
+        f"file too large: a manifest file may hold at most {_mib(MAX_FILE_BYTES)} "
+        f"({MAX_FILE_BYTES} bytes)"
+    )
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):g} MiB"
 
 
 def _manifest_files(path: Path, loaded: Loaded) -> list[Path]:
@@ -144,12 +306,24 @@ def _manifest_files(path: Path, loaded: Loaded) -> list[Path]:
 
 
 def parse_text(text: str, *, file: str, default_space: str = "") -> Loaded:
-    """Every document of one YAML text. A YAML syntax error stops the file there (the parser
-    cannot resynchronise); the documents before it are still returned."""
+    """Every document of one YAML text. A YAML syntax error, an anchor or alias, or a broken
+    bound stops the file there (the parser cannot resynchronise); the documents before it are
+    still returned. A text over MAX_FILE_BYTES is not parsed at all."""
     loaded = Loaded()
-    loader = yaml.SafeLoader(text)
+    if len(text) > MAX_FILE_BYTES or len(text.encode("utf-8")) > MAX_FILE_BYTES:
+        loaded.errors.append(ManifestError(file, 1, _too_large_message()))
+        return loaded
+    loader = _BoundedLoader(text)
+    documents = 0
     try:
         while loader.check_node():
+            documents += 1
+            if documents > MAX_DOCUMENTS_PER_FILE:
+                raise _Refused(
+                    f"too many documents: a manifest file may hold at most "
+                    f"{MAX_DOCUMENTS_PER_FILE}",
+                    loader.peek_event().start_mark,
+                )
             node = loader.get_node()
             if node is None:
                 continue
@@ -168,6 +342,8 @@ def parse_text(text: str, *, file: str, default_space: str = "") -> Loaded:
             loaded.manifests.append(
                 Manifest(resource=resource, file=file, line=line, key_lines=key_lines)
             )
+    except _Refused as refused:
+        loaded.errors.append(ManifestError(file, refused.line, refused.message))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = mark.line + 1 if mark is not None else 1
@@ -180,12 +356,11 @@ def parse_text(text: str, *, file: str, default_space: str = "") -> Loaded:
     return loaded
 
 
-def _key_lines(node: yaml.Node, prefix: str = "", depth: int = 0) -> dict[str, int]:
+def _key_lines(node: yaml.Node, prefix: str = "") -> dict[str, int]:
     """Dotted snake_case path -> line, for every key of a document. Also refuses duplicate
-    keys, which YAML loaders otherwise resolve silently (the last one wins)."""
+    keys, which YAML loaders otherwise resolve silently (the last one wins). The tree is a tree
+    (no aliases) at most MAX_DEPTH deep: the loader saw to that."""
     lines: dict[str, int] = {}
-    if depth > 32:  # manifests are shallow; only a recursive alias goes this deep
-        raise _BadManifest("too deeply nested (a recursive YAML alias?)", path=prefix)
     if isinstance(node, yaml.MappingNode):
         seen: dict[str, int] = {}
         for key_node, value_node in node.value:
@@ -197,12 +372,12 @@ def _key_lines(node: yaml.Node, prefix: str = "", depth: int = 0) -> dict[str, i
                     f'duplicate key "{where}" (first on line {seen[raw]})', line=line
                 )
             seen[raw] = lines[path] = line
-            lines.update(_key_lines(value_node, path, depth + 1))
+            lines.update(_key_lines(value_node, path))
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             path = f"{prefix}.{index}"
             lines[path] = item.start_mark.line + 1
-            lines.update(_key_lines(item, path, depth + 1))
+            lines.update(_key_lines(item, path))
     return lines
 
 

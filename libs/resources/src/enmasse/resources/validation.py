@@ -20,6 +20,10 @@ for the former and INVALID_ARGUMENT for the latter.
 
 The words the rules check against (address and space types, operations) are the contracts of
 `enmasse.resources.contracts`; the kinds and their keys are the table of `enmasse.resources.kinds`.
+
+One rule for address strings, `address_problem`: `spec.address` here (so the config API and
+`enmasse validate` alike), and the broker's EnsureQueue/EnsureTopic and AMQP attach, so that an
+address the API accepts is one every broker holds, and one it refuses is refused everywhere.
 """
 
 from __future__ import annotations
@@ -30,12 +34,15 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from enmasse.resources.authorization import pattern_problem
 from enmasse.resources.contracts import (
     ADDRESS_TYPES,
     OPERATIONS,
+    RESERVED_PREFIXES,
     SPACE_TYPES,
     STORED_TYPES,
     SUBSCRIPTION,
+    SUBSCRIPTION_SEPARATOR,
     TOPIC,
     TYPES_BY_SPACE_TYPE,
 )
@@ -51,8 +58,78 @@ from enmasse.resources.kinds import (
 from enmasse.v1 import resources_pb2
 
 MAX_ADDRESS_LENGTH = 255
+MAX_SUBSCRIPTION_NAME_LENGTH = 1024
+"""The `<name>` of a broker's `<topic>::<name>` (a subscription address, or a client's durable
+subscription identity: its container id and link name)."""
+ADDRESS_CHARACTERS = "letters, digits and _ . - / #"
+"""What an address string is made of (the set every broker has always held), ASCII only."""
 
 _DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # used with fullmatch
+_ADDRESS_CHARACTER = re.compile(r"[^A-Za-z0-9_.\-/#]")  # the first character outside the set
+_SEGMENT_SEPARATORS = re.compile(r"[/.]")
+
+
+def address_problem(address: str, *, subscription_queue: bool = False) -> str | None:
+    """Why `address` cannot be an address string, or None when it can: the one rule.
+
+    An address is 1 to MAX_ADDRESS_LENGTH of ADDRESS_CHARACTERS, starting with a letter, digit or
+    `_`, with no empty segment between `/` and `.` separators (so no `..`), not starting with a
+    prefix reserved for the routers and the control plane (`_dynamic/`, `_mesh/`, `$`), and
+    without `::`, which names a topic's subscription queue on a broker. Where such a queue is
+    meant (`subscription_queue`: an AMQP attach at the broker), `<topic>::<name>` is allowed: the
+    topic follows the rule, the name is printable text of at most MAX_SUBSCRIPTION_NAME_LENGTH.
+
+    The messages read after the field they are about: `spec.address: 'a..b' has an empty segment`.
+    """
+    if subscription_queue and SUBSCRIPTION_SEPARATOR in address:
+        topic, _, name = address.partition(SUBSCRIPTION_SEPARATOR)
+        return address_problem(topic) or _subscription_name_problem(name, address=address)
+    if not address:
+        return "must not be empty"
+    if any(c.isspace() for c in address):
+        return f"'{address}' must not contain whitespace"
+    if len(address) > MAX_ADDRESS_LENGTH:
+        return f"must be at most {MAX_ADDRESS_LENGTH} characters (got {len(address)})"
+    if not address.isascii():
+        return f"'{_shown(address)}' must hold ASCII characters only"
+    if not address.isprintable():
+        return f"'{_shown(address)}' must not contain control characters"
+    if SUBSCRIPTION_SEPARATOR in address:
+        return (
+            f"'{address}' must not contain '{SUBSCRIPTION_SEPARATOR}', which is reserved for "
+            f"subscriptions (<topic>{SUBSCRIPTION_SEPARATOR}<name> on a broker)"
+        )
+    for prefix in RESERVED_PREFIXES:
+        if address.startswith(prefix):
+            return (
+                f"'{address}' must not start with '{prefix}' "
+                "(reserved for the router network and the control plane)"
+            )
+    if found := _ADDRESS_CHARACTER.search(address):
+        return f"'{address}' holds '{found.group()}': an address is {ADDRESS_CHARACTERS}"
+    if "" in _SEGMENT_SEPARATORS.split(address):
+        return f"'{address}' has an empty segment (segments are separated by '/' and '.')"
+    if not (address[0].isalnum() or address[0] == "_"):
+        return f"'{address}' must start with a letter, a digit or '_'"
+    return None
+
+
+def _subscription_name_problem(name: str, *, address: str) -> str | None:
+    if not name:
+        return f"'{_shown(address)}' names no subscription after '{SUBSCRIPTION_SEPARATOR}'"
+    if len(name) > MAX_SUBSCRIPTION_NAME_LENGTH:
+        return (
+            f"subscription name must be at most {MAX_SUBSCRIPTION_NAME_LENGTH} characters "
+            f"(got {len(name)})"
+        )
+    if not name.isprintable():
+        return f"subscription name '{_shown(name)}' must not contain control characters"
+    return None
+
+
+def _shown(text: str) -> str:
+    """Control and non-ASCII characters escaped: an error message stays one printable line."""
+    return text.encode("unicode_escape").decode("ascii")
 
 
 @dataclass(frozen=True)
@@ -391,6 +468,10 @@ class _Rules:
             )
         elif spec.broker < 0:
             self.bad("spec.broker", f"must not be negative (got {_num(spec.broker)})")
+        for field_name in ("dead_letter_address", "expiry_address"):
+            target = getattr(spec, field_name)
+            if target and (problem := address_problem(target)):
+                self.bad(f"spec.{field_name}", problem)
         old_type = self.existing.spec.address_type if self.existing is not None else ""
         changed = self.existing is not None and spec.address_type != old_type
         if changed and _address_plan_users(self.name, self.references):
@@ -423,7 +504,15 @@ class _Rules:
                     f"which {spec.address_space_type} address spaces do not have",
                 )
         quotas = spec.quotas
-        for name in ("max_addresses", "max_brokers", "max_connections", "max_routers"):
+        for name in (
+            "max_addresses",
+            "max_brokers",
+            "max_connections",
+            "max_routers",
+            "max_connections_per_user",
+            "max_message_size",
+            "max_links_per_connection",
+        ):
             if getattr(quotas, name) < 0:
                 self.bad(f"spec.quotas.{name}", "must not be negative (0 means unlimited)")
 
@@ -499,15 +588,8 @@ class _Rules:
             self._quotas(space)
 
     def _address_string(self, address: str) -> None:
-        if not address:
-            self.bad("spec.address", "must not be empty")
-        elif any(c.isspace() for c in address):
-            self.bad("spec.address", f"'{address}' must not contain whitespace")
-        elif len(address) > MAX_ADDRESS_LENGTH:
-            self.bad(
-                "spec.address",
-                f"must be at most {MAX_ADDRESS_LENGTH} characters (got {len(address)})",
-            )
+        if problem := address_problem(address):
+            self.bad("spec.address", problem)
 
     def _topic(self, spec: resources_pb2.AddressSpec) -> None:
         if spec.type != SUBSCRIPTION:
@@ -607,11 +689,8 @@ class _Rules:
             if not rule.addresses:
                 self.bad(f"spec.authorization[{i}].addresses", "must name at least one address")
             for pattern in rule.addresses:
-                if not pattern or any(c.isspace() for c in pattern):
-                    self.bad(
-                        f"spec.authorization[{i}].addresses",
-                        f"'{pattern}' is not an address pattern (exact, 'prefix*' or '*')",
-                    )
+                if problem := pattern_problem(pattern):
+                    self.bad(f"spec.authorization[{i}].addresses", problem)
             if not rule.operations:
                 self.bad(f"spec.authorization[{i}].operations", "must name at least one operation")
             for operation in rule.operations:

@@ -20,7 +20,6 @@ drain's connection send into subscription queues (`publish` to `<topic>::<identi
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,10 +33,9 @@ from enmasse.broker.plan import Plan
 from enmasse.broker.queue import MemoryBudget, Queue
 from enmasse.broker.topic import Subscription, Topic
 from enmasse.resources.contracts import SUBSCRIPTION_SEPARATOR
+from enmasse.resources.validation import address_problem
 
 log = structlog.get_logger(__name__)
-
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/#]{0,254}")
 
 
 class AddressError(Exception):
@@ -57,20 +55,12 @@ class Conflict(AddressError):
 
 
 def name_problem(name: str) -> str | None:
-    """Why `name` cannot be a queue or topic name, or None when it can."""
+    """Why `name` cannot be a queue or topic name, or None when it can: the address rule the
+    config service checks `spec.address` with (`enmasse.resources.validation.address_problem`)."""
     if not name:
         return "address name must not be empty"
-    if SUBSCRIPTION_SEPARATOR in name:
-        return (
-            f"address name {name!r} must not contain {SUBSCRIPTION_SEPARATOR!r} "
-            "(reserved for subscriptions)"
-        )
-    if not _NAME.fullmatch(name):
-        return (
-            f"address name {name!r} is invalid: 1-255 characters of letters, digits and _ . - / #, "
-            "not starting with a punctuation mark"
-        )
-    return None
+    problem = address_problem(name)
+    return f"address name is invalid: {problem}" if problem else None
 
 
 def now_ms() -> int:

@@ -15,7 +15,9 @@ Pre-settled sends are taken at most once: nothing goes back to the producer, and
 that was not yet fsync'd when the broker died is gone. Producers
 get credit in windows, topped up only while the target has room: at the memory limit they simply
 wait. Bad input (unknown address, anonymous or dynamic targets, undecodable headers) is refused
-on that link alone; the engine already closes connections that send garbage or go silent, and
+on that link alone; an address the address rule refuses (`address_problem`, the one the config
+service checks `spec.address` with) is refused at attach with amqp:invalid-field, never looked at
+again per message; the engine already closes connections that send garbage or go silent, and
 detaches links whose message exceeds the size limit (amqp:link:message-size-exceeded).
 
 A drain from another broker is an ordinary connection that presents a token from PrepareDrain
@@ -54,9 +56,11 @@ from enmasse.broker.journal import GroupCommitter
 from enmasse.broker.queue import ACCEPTED, Queue, Settlement
 from enmasse.broker.topic import durable_identity
 from enmasse.resources.contracts import SUBSCRIPTION_SEPARATOR
+from enmasse.resources.validation import address_problem
 
 log = structlog.get_logger(__name__)
 
+INVALID_FIELD = "amqp:invalid-field"
 NOT_FOUND = "amqp:not-found"
 NOT_IMPLEMENTED = "amqp:not-implemented"
 DECODE_ERROR = "amqp:decode-error"
@@ -243,6 +247,8 @@ class BrokerConnection(ConnectionHandler):
         if link.target.dynamic or not address:
             link.refuse(Condition(NOT_IMPLEMENTED, "the broker needs a target address"))
             return
+        if self._refused_address(link, address):
+            return
         drain = self._is_drain(link.connection)
         if SUBSCRIPTION_SEPARATOR in address and not drain:
             link.refuse(
@@ -260,6 +266,15 @@ class BrokerConnection(ConnectionHandler):
         link.context = producer
         link.accept()
         self._top_up(producer)
+
+    def _refused_address(self, link: Link, address: str) -> bool:
+        """Refuses the link (the connection stays) when the address breaks the address rule;
+        `<topic>::<name>` names a subscription queue here, so it is allowed."""
+        problem = address_problem(address, subscription_queue=True)
+        if problem is None:
+            return False
+        link.refuse(Condition(INVALID_FIELD, f"address is invalid: {problem}"))
+        return True
 
     def _is_drain(self, conn: Connection) -> bool:
         if self._drain is None:
@@ -284,6 +299,8 @@ class BrokerConnection(ConnectionHandler):
         source = link.source
         if source.dynamic or not address:
             link.refuse(Condition(NOT_IMPLEMENTED, "the broker needs a source address"))
+            return
+        if self._refused_address(link, address):
             return
         subscription = None
         if address in self.broker.topics:

@@ -5,6 +5,10 @@ In: `enmasse-config --manifests-dir DIR`, a directory the k8s `manifests` sideca
 the directory's content applied per space with prune (`enmasse.resources.gitops_sync.sync_tree`,
 the same code `enmasse gitops sync` runs over gRPC), and the status written after every attempt.
 
+Reading and hashing the directory run in a worker thread, within the bounds of
+`enmasse.resources.manifests`: a tenant's huge or hostile manifests cost that thread bounded time
+and memory, never the API every other tenant is calling.
+
 The loop never dies of a failed attempt: the store away or a refused batch is logged, written as
 the status, and retried at the next tick; refusals are retried even when nothing changed, since
 they may clear on their own (a plan or topic created meanwhile).
@@ -42,7 +46,8 @@ async def follow_tree(
     after a failed attempt; writes the status after every attempt. Runs until cancelled."""
     synced = ""
     while True:
-        revision = tree_revision(root)
+        # Hashing (bounded, but up to MAX_BYTES_PER_READ) stays off the loop that serves the API.
+        revision = await asyncio.to_thread(tree_revision, root)
         if revision != synced:
             status = await _attempt(
                 root, apply=apply, owned_spaces=owned_spaces, manager=manager, revision=revision
