@@ -137,7 +137,7 @@ async def test_plans_crud_and_plan_in_use(config_stub) -> None:
     assert "tiny-queue" not in [p.metadata.name for p in remaining.items]
 
 
-async def test_messaging_user_password_is_hashed_never_returned(config_stub) -> None:
+async def test_messaging_user_password_is_hashed_never_returned(config_stub, config_server) -> None:
     await config_stub.CreateAddressSpace(space())
     user = resources_pb2.MessagingUser(
         metadata={"name": "alice", "space": "shop"},
@@ -149,19 +149,26 @@ async def test_messaging_user_password_is_hashed_never_returned(config_stub) -> 
     )
     created = await config_stub.CreateMessagingUser(user)
     assert created.spec.password == ""
-    assert created.spec.password_hash.startswith("scrypt$")
-    assert "s3cret" not in created.spec.password_hash
+    # Issue #15: the hash is stored, and never returned by any call (only the control plane's
+    # Watch with_secrets carries it: test_config_auth.py).
+    assert created.spec.password_hash == ""
+    stored = await config_server.store.get(("MessagingUser", "shop", "alice"))
+    assert stored.spec.password_hash.startswith("scrypt$")
+    assert "s3cret" not in stored.spec.password_hash
     got = await config_stub.GetMessagingUser(Ref(space="shop", name="alice"))
     assert got.spec.password == ""
-    assert got.spec.password_hash == created.spec.password_hash
+    assert got.spec.password_hash == ""
 
     got.spec.authorization[0].operations.append("view")
     updated = await config_stub.UpdateMessagingUser(got)
-    assert updated.spec.password_hash == created.spec.password_hash, "no password: hash kept"
+    assert updated.spec.password_hash == ""
+    kept = await config_server.store.get(("MessagingUser", "shop", "alice"))
+    assert kept.spec.password_hash == stored.spec.password_hash, "no password: hash kept"
     assert list(updated.spec.authorization[0].operations) == ["send", "recv", "view"]
 
     users = await config_stub.ListMessagingUsers(config_pb2.ListRequest(space="shop"))
     assert [u.spec.username for u in users.items] == ["alice"]
+    assert [u.spec.password_hash for u in users.items] == [""]
     await config_stub.DeleteMessagingUser(
         config_pb2.DeleteRequest(ref=Ref(space="shop", name="alice"))
     )

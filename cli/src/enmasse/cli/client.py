@@ -4,14 +4,18 @@ Where: `--server host:port`, else $ENMASSE_SERVER, else the address `enmasse up`
 <var>/run/config.addr, else DEFAULT_SERVER (127.0.0.1:5680, the port to give `enmasse-config
 --listen` when running it by hand).
 
+Who: `--token`, else $ENMASSE_TOKEN, else the admin token `enmasse up` wrote to
+<var>/run/admin-token (`resolve_token`), sent as `authorization: Bearer <token>` on every call;
+none at all when there is none (a config service run without --auth takes calls without one).
+
 How: a blocking gRPC channel per command (a CLI does one thing and exits), a deadline on every
 unary call (`--timeout`, default 10 s), and Watch as a stream that resumes from the last revision it
 saw when the connection drops.
 
 Errors: every grpc.RpcError becomes a `CliError` whose text is what the user reads: the server's
-own message for refusals (INVALID_ARGUMENT, FAILED_PRECONDITION, NOT_FOUND, ALREADY_EXISTS), a hint
-for ABORTED (stale resource_version) and, when nothing answers, the question everyone asks first:
-is `enmasse up` running?
+own message for refusals (INVALID_ARGUMENT, FAILED_PRECONDITION, NOT_FOUND, ALREADY_EXISTS,
+PERMISSION_DENIED), a hint for ABORTED (stale resource_version) and UNAUTHENTICATED (where a token
+comes from) and, when nothing answers, the question everyone asks first: is `enmasse up` running?
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ from typing import Any
 
 import click
 import grpc
+from enmasse.common.credentials import bearer_metadata
 from enmasse.resources.kinds import Key, Kind, key_of, resource_of
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
 DEFAULT_SERVER = "127.0.0.1:5680"
 DEFAULT_TIMEOUT = 10.0
+TOKEN_ENV = "ENMASSE_TOKEN"
 
 
 _RECONNECT_FAST = [
@@ -60,6 +66,24 @@ def resolve_server(*, option: str | None, var_dir: Path) -> str:
     except OSError:
         pass
     return DEFAULT_SERVER
+
+
+def admin_token_file(var_dir: Path) -> Path:
+    """Where `enmasse up` keeps the admin token of its config service (mode 0600)."""
+    return var_dir / "run" / "admin-token"
+
+
+def resolve_token(*, option: str | None, var_dir: Path) -> str:
+    """The token to call with: --token, else $ENMASSE_TOKEN, else `enmasse up`'s admin token;
+    "" when there is none."""
+    if option:
+        return option
+    if env := os.environ.get(TOKEN_ENV):
+        return env
+    try:
+        return admin_token_file(var_dir).read_text().strip()
+    except OSError:
+        return ""
 
 
 class ListPhase:
@@ -120,6 +144,11 @@ def explain(error: grpc.RpcError, *, server: str) -> CliError:
         return CliError(f"the config service at {server} did not answer in time ({details})")
     if code == grpc.StatusCode.ABORTED:
         return CliError(f"{details} (it changed since it was read: get it again and retry)")
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return CliError(
+            f"{details} (give --token TOKEN or set ${TOKEN_ENV}; `enmasse up` keeps its admin "
+            "token in <var-dir>/run/admin-token)"
+        )
     if code == grpc.StatusCode.UNIMPLEMENTED:
         return CliError(f"the config service at {server} does not implement this call: {details}")
     return CliError(details or code.name)
@@ -140,9 +169,10 @@ def _calls(info: Kind) -> _KindCalls:
 class ConfigClient:
     """Thin, blocking, deadline-bound calls to one ConfigService."""
 
-    def __init__(self, *, server: str, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, *, server: str, timeout: float = DEFAULT_TIMEOUT, token: str = "") -> None:
         self.server = server
         self.timeout = timeout
+        self._metadata = bearer_metadata(token)
         # A restarted config service must be found again within a second: gRPC's default
         # reconnect back-off grows to minutes, longer than `watch` waits for it.
         self._channel = grpc.insecure_channel(server, options=_RECONNECT_FAST)
@@ -160,7 +190,7 @@ class ConfigClient:
     def _call(self, method: str, request: Any) -> Any:
         rpc: Callable[..., Any] = getattr(self._stub, method)
         try:
-            return rpc(request, timeout=self.timeout)
+            return rpc(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as error:
             raise explain(error, server=self.server) from None
 
@@ -200,6 +230,36 @@ class ConfigClient:
         reply: config_pb2.ApplyResponse = self._call("Apply", request)
         return reply
 
+    # ------------------------------------------------------------ access tokens (admin)
+
+    def create_token(
+        self,
+        *,
+        name: str,
+        role: str,
+        spaces: Sequence[str] = (),
+        expires_in: int = 0,
+        replace: bool = False,
+    ) -> config_pb2.CreateTokenResponse:
+        request = config_pb2.CreateTokenRequest(
+            name=name,
+            role=role,
+            spaces=list(spaces),
+            expires_in_seconds=expires_in,
+            replace=replace,
+        )
+        reply: config_pb2.CreateTokenResponse = self._call("CreateToken", request)
+        return reply
+
+    def list_tokens(self) -> Sequence[config_pb2.Token]:
+        reply: config_pb2.TokenList = self._call("ListTokens", config_pb2.ListTokensRequest())
+        return reply.items
+
+    def revoke_token(self, name: str) -> config_pb2.Token:
+        request = config_pb2.RevokeTokenRequest(name=name)
+        token: config_pb2.Token = self._call("RevokeToken", request)
+        return token
+
     def watch(
         self,
         *,
@@ -217,7 +277,7 @@ class ConfigClient:
             request = config_pb2.WatchRequest(
                 kinds=list(kinds), space=space, resource_version=revision
             )
-            stream = self._stub.Watch(request)
+            stream = self._stub.Watch(request, metadata=self._metadata)
             if listing is not None:
                 listing.restart()
             try:

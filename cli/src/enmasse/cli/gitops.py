@@ -10,7 +10,8 @@ checkout (`<var-dir>/gitops/sync-status.json`).
 The apply itself is `enmasse.resources.gitops_sync.sync_tree`, the same code `enmasse-config
 --manifests-dir` runs in a cluster, here driven through the CLI's gRPC client. Git is the `git`
 command (2.x): the checkout is the tool's own, so it is fetched and reset hard to the remote's
-head, never merged.
+head, never merged. It calls with the least-privilege `gitops` token `enmasse up` made
+(<var-dir>/run/tokens/gitops.token) unless --token or $ENMASSE_TOKEN names another.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class _Settings(Protocol):
     @property
     def var(self) -> object: ...
 
-    def client(self) -> ConfigClient: ...
+    def client(self, *, service: str = "") -> ConfigClient: ...
 
 
 class GitError(CliError):
@@ -176,7 +177,7 @@ def sync(
     status_file = status_file or checkout.parent / "sync-status.json"
     applied = ""
     rounds = 0
-    with settings.client() as client:
+    with settings.client(service="gitops") as client:  # the `gitops` token `up` made, if any
         while True:
             rounds += 1
             status = _round(

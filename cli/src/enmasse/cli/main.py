@@ -10,10 +10,12 @@
     enmasse diff -f FILE|DIR [--prune]           what apply would create/change/prune (diff.py)
     enmasse dashboard [--serve]                  the tracing dashboard (dashboard.py)
     enmasse gitops sync --repo URL --path DIR    pull git, apply with prune (gitops.py)
+    enmasse token create NAME --role R | list | revoke NAME   access tokens (tokens.py)
 
 Global options: `--server host:port` (else $ENMASSE_SERVER, else <var>/run/config.addr written by
-`up`, else 127.0.0.1:5680), `--var-dir` (else $ENMASSE_VAR, else ./var), `--timeout` (the deadline
-of every call, seconds), `-v` (debug logs on stderr).
+`up`, else 127.0.0.1:5680), `--token` (else $ENMASSE_TOKEN, else <var>/run/admin-token written by
+`up`), `--var-dir` (else $ENMASSE_VAR, else ./var), `--timeout` (the deadline of every call,
+seconds), `-v` (debug logs on stderr).
 
 Every failure the user can cause or meet (server down, bad file, refused manifest, stale update)
 ends as `error: <message>` on stderr with exit code 1, never a traceback.
@@ -34,18 +36,27 @@ from enmasse.cli import dashboard as dashboard_view
 from enmasse.cli import diff as diffs
 from enmasse.cli import gitops as gitops_commands
 from enmasse.cli import messaging, offline
+from enmasse.cli import tokens as token_commands
 from enmasse.cli.apply import batches, outcome_line
-from enmasse.cli.client import DEFAULT_TIMEOUT, CliError, ConfigClient, resolve_server
+from enmasse.cli.client import (
+    DEFAULT_TIMEOUT,
+    TOKEN_ENV,
+    CliError,
+    ConfigClient,
+    resolve_server,
+    resolve_token,
+)
 from enmasse.cli.kinds import UnknownKind, resolve_kind
+from enmasse.cli.local import readiness, stack
 from enmasse.cli.local import runtime as local_runtime
-from enmasse.cli.local import stack
 from enmasse.cli.local.var_dir import VarDir
 from enmasse.cli.render import make_console, print_resources, print_table
 from enmasse.common.logging import configure_logging
-from enmasse.resources.contracts import ACTIVE, PENDING, STANDARD
+from enmasse.resources.contracts import STANDARD
 from enmasse.resources.kinds import KINDS, Kind, key_of, kind_of, object_of
 from enmasse.resources.manifests import Loaded, display_name, load_paths
 from enmasse.v1 import config_pb2, resources_pb2
+from rich.console import Console
 
 log = structlog.get_logger("enmasse.cli")
 
@@ -55,13 +66,28 @@ class Settings:
     server_option: str | None
     var: VarDir
     timeout: float
+    token_option: str | None = None
 
     @property
     def server(self) -> str:
         return resolve_server(option=self.server_option, var_dir=self.var.root)
 
-    def client(self) -> ConfigClient:
-        return ConfigClient(server=self.server, timeout=self.timeout)
+    @property
+    def token(self) -> str:
+        return resolve_token(option=self.token_option, var_dir=self.var.root)
+
+    def client(self, *, service: str = "") -> ConfigClient:
+        """A client of the config service. `service`: a control-plane command (`gitops sync`)
+        that calls with the least-privilege token `up` made for it (<var>/run/tokens/), unless
+        --token or $ENMASSE_TOKEN says otherwise."""
+        return ConfigClient(server=self.server, timeout=self.timeout, token=self._token(service))
+
+    def _token(self, service: str) -> str:
+        if service and not self.token_option and not os.environ.get(TOKEN_ENV):
+            own = self.var.service_token(service)
+            if own.is_file():
+                return own.read_text().strip()
+        return self.token
 
 
 pass_settings = click.make_pass_decorator(Settings)
@@ -69,6 +95,7 @@ pass_settings = click.make_pass_decorator(Settings)
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--server", metavar="HOST:PORT", help="config service address (order: see above)")
+@click.option("--token", metavar="TOKEN", help="access token (order: see above)")
 @click.option("--var-dir", metavar="DIR", help="state of `enmasse up` ($ENMASSE_VAR, else ./var)")
 @click.option(
     "--timeout",
@@ -80,17 +107,25 @@ pass_settings = click.make_pass_decorator(Settings)
 @click.option("-v", "--verbose", is_flag=True, help="debug logs on stderr")
 @click.pass_context
 def cli(
-    ctx: click.Context, server: str | None, var_dir: str | None, timeout: float, verbose: bool
+    ctx: click.Context,
+    server: str | None,
+    token: str | None,
+    var_dir: str | None,
+    timeout: float,
+    verbose: bool,
 ) -> None:
     """EnMasse-py: messaging as a service. Address spaces and addresses, declared as manifests.
 
     \b
     The config service is found at --server HOST:PORT, else $ENMASSE_SERVER,
     else the address `enmasse up` wrote to <var-dir>/run/config.addr,
-    else 127.0.0.1:5680.
+    else 127.0.0.1:5680. Calls carry --token TOKEN, else $ENMASSE_TOKEN,
+    else the admin token `enmasse up` wrote to <var-dir>/run/admin-token.
     """
     configure_logging(service="cli", renderer="console", level="DEBUG" if verbose else "WARNING")
-    ctx.obj = Settings(server_option=server, var=VarDir.choose(var_dir), timeout=timeout)
+    ctx.obj = Settings(
+        server_option=server, var=VarDir.choose(var_dir), timeout=timeout, token_option=token
+    )
 
 
 def _kind(word: str) -> Kind:
@@ -329,18 +364,24 @@ def _examples_dir() -> Path | None:
     return candidate if candidate.is_dir() else None
 
 
-def _print_spaces_and_addresses(settings: Settings, *, server: str) -> None:
+def _print_spaces_and_addresses(
+    settings: Settings, *, server: str
+) -> list[resources_pb2.AddressSpace]:
+    """Prints the address spaces and addresses; returns the spaces."""
     console = make_console()
-    with ConfigClient(server=server, timeout=settings.timeout) as client:
+    listed: dict[str, list[resources_pb2.Resource]] = {}
+    with ConfigClient(server=server, timeout=settings.timeout, token=settings.token) as client:
         for name in ("AddressSpace", "Address"):
             info = KINDS[name]
+            listed[name] = client.list(info)
             print_resources(
-                console, info=info, resources=client.list(info), output="table", single=False
+                console, info=info, resources=listed[name], output="table", single=False
             )
             console.out("")
+    return [r.address_space for r in listed["AddressSpace"]]
 
 
-DEMO_READY_TIMEOUT = 180.0
+READY_TIMEOUT = 180.0
 
 
 def _demo_space(folder: Path) -> str:
@@ -353,34 +394,41 @@ def _demo_space(folder: Path) -> str:
     raise CliError(f"{folder} declares no standard address space to demonstrate")
 
 
-def _wait_space_active(client: ConfigClient, *, space: str, timeout: float) -> None:
-    """Until the space and every address of it are Active; CliError naming the laggards."""
+def _wait_ready(
+    client: ConfigClient, var: VarDir, *, spaces: Sequence[str], timeout: float, settled_ok: bool
+) -> None:
+    """Until every address of `spaces` is ready by what their routers run now, not only by what
+    the store says (`readiness.laggards`); CliError naming the laggards after `timeout`."""
     deadline = time.monotonic() + timeout
     while True:
-        laggards = _not_active(client, space=space)
-        if not laggards:
+        lagging = {
+            space: why
+            for space in spaces
+            if (why := _laggards(client, var, space=space, settled_ok=settled_ok))
+        }
+        if not lagging:
             return
         if time.monotonic() > deadline:
             raise CliError(
-                f"address space '{space}' not ready within {timeout:.0f} s: {'; '.join(laggards)}"
+                "; ".join(
+                    f"address space '{space}' not ready within {timeout:.0f} s: {'; '.join(why)}"
+                    for space, why in lagging.items()
+                )
             )
-        time.sleep(0.5)
+        time.sleep(0.3)
 
 
-def _not_active(client: ConfigClient, *, space: str) -> list[str]:
+def _laggards(client: ConfigClient, var: VarDir, *, space: str, settled_ok: bool) -> list[str]:
     found = client.get(KINDS["AddressSpace"], name=space).address_space
-    laggards = [] if found.status.status.phase == ACTIVE else [f"space {_phase(found)}"]
-    for wrapped in client.list(KINDS["Address"], space=space):
-        address = wrapped.address
-        if address.status.status.phase != ACTIVE:
-            laggards.append(f"{address.metadata.name} {_phase(address)}")
-    return laggards
-
-
-def _phase(resource: resources_pb2.AddressSpace | resources_pb2.Address) -> str:
-    status = resource.status.status
-    why = f" ({'; '.join(status.messages)})" if status.messages else ""
-    return f"{status.phase or PENDING}{why}"
+    addresses = [w.address for w in client.list(KINDS["Address"], space=space)]
+    routers = (
+        readiness.routers_of(readiness.directory(var.root), space)
+        if found.spec.type == STANDARD
+        else []
+    )
+    return readiness.laggards(
+        space=found, addresses=addresses, routers=routers, settled_ok=settled_ok
+    )
 
 
 def _echo_endpoints(client: ConfigClient) -> None:
@@ -405,13 +453,23 @@ def _demo_round(client: ConfigClient, *, space: str) -> bool:
 @pass_settings
 def up(settings: Settings, demo: bool, examples: str | None) -> None:
     """Start etcd, the control plane, routers and brokers under supervisord (again: start what
-    is not running). With --demo, apply examples/, wait until Active, send and receive."""
+    is not running), then wait until every address is ready: Active in the store AND run by
+    every router of its space (Pending and Failed ones are not waited for). With --demo, apply
+    examples/, wait until each of them is ready, send and receive."""
     address, started = stack.up(settings.var)
     word = "started" if started else "already running"
     click.echo(f"enmasse {word}: config service at {address} (state in {settings.var.root})")
-    server_settings = Settings(server_option=address, var=settings.var, timeout=settings.timeout)
+    server_settings = Settings(
+        server_option=address,
+        var=settings.var,
+        timeout=settings.timeout,
+        token_option=settings.token_option,
+    )
     if not demo:
         with server_settings.client() as client:
+            # Phases in the store may be an earlier run's: wait until the routers run them.
+            spaces = [w.address_space.metadata.name for w in client.list(KINDS["AddressSpace"])]
+            _wait_ready(client, settings.var, spaces=spaces, timeout=READY_TIMEOUT, settled_ok=True)
             _echo_endpoints(client)
         return
     folder = Path(examples) if examples else _examples_dir()
@@ -420,7 +478,7 @@ def up(settings: Settings, demo: bool, examples: str | None) -> None:
     space = _demo_space(folder)
     apply_paths(server_settings, [str(folder)])
     with server_settings.client() as client:
-        _wait_space_active(client, space=space, timeout=DEMO_READY_TIMEOUT)
+        _wait_ready(client, settings.var, spaces=[space], timeout=READY_TIMEOUT, settled_ok=False)
         click.echo("")
         _print_spaces_and_addresses(settings, server=address)
         _echo_endpoints(client)
@@ -544,7 +602,10 @@ def down(settings: Settings) -> None:
 @cli.command()
 @pass_settings
 def status(settings: Settings) -> None:
-    """Processes (state, pid, uptime), then address spaces and addresses with their phase.
+    """Processes (state, pid, uptime), then address spaces and addresses with their phase, then
+    what each router and broker runs now, asked of it: a router's generation and addresses, the
+    generation the router-agent wants and when the router last confirmed one; what each broker
+    holds.
 
     Exit code 0 only when every process runs and the config service answers."""
     if not stack.running(settings.var):
@@ -559,9 +620,35 @@ def status(settings: Settings) -> None:
     console.out("")
     # The config service of this var dir, not whatever $ENMASSE_SERVER names.
     server = settings.server_option or stack.config_address(settings.var)
-    _print_spaces_and_addresses(settings, server=server)
+    spaces = _print_spaces_and_addresses(settings, server=server)
+    _print_routers_and_brokers(console, var=settings.var, spaces=spaces)
     if any(r.state != "RUNNING" for r in rows):
         raise SystemExit(1)
+
+
+def _print_routers_and_brokers(
+    console: Console, *, var: VarDir, spaces: Sequence[resources_pb2.AddressSpace]
+) -> None:
+    found = readiness.directory(var.root)
+    agent = readiness.agent_view(stack.router_agent_address(var))
+    names = [s.metadata.name for s in spaces]
+    standard = [s.metadata.name for s in spaces if s.spec.type == STANDARD]
+    routers = [run for space in standard for run in readiness.routers_of(found, space)]
+    brokers = [held for space in names for held in readiness.brokers_of(found, space)]
+    print_table(
+        console,
+        ("SPACE", "ROUTER", "RUNS", "DESIRED", "ADDRESSES", "REACHABLE", "CONFIRMED"),
+        [
+            readiness.router_row(run, agent.get((run.space, run.router_id)), now=time.time())
+            for run in routers
+        ],
+    )
+    console.out("")
+    print_table(
+        console,
+        ("SPACE", "BROKER", "REACHABLE", "QUEUES", "TOPICS", "SUBSCRIPTIONS", "ANSWER"),
+        [readiness.broker_row(held) for held in brokers],
+    )
 
 
 @cli.group(hidden=True)
@@ -597,6 +684,7 @@ def dashboard(settings: Settings, path: str | None, serve_it: bool, port: int) -
 
 
 cli.add_command(gitops_commands.gitops)
+cli.add_command(token_commands.token)
 
 
 def main() -> None:

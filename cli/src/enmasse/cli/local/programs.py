@@ -11,6 +11,11 @@ Every program is one of the workspace's console scripts (`enmasse-config`, ...) 
 started as a process: the CLI never imports a service. Each restarts on a crash with
 supervisord's back-off, stops with its whole process group, logs to <var>/log/<name>.log and gets
 ENMASSE_VAR (traces go to <var>/traces).
+
+Access: config runs with auth on, its bootstrap token being the admin token `up` wrote to
+<var>/run/admin-token; each controller reads its own least-privilege token from
+<var>/run/tokens/<service>.token (`--token-file`), which `up` creates once config answers
+(local/tokens.py). The runtime program never calls config and has no token.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ def program_commands(*, var: VarDir, ports: Ports) -> dict[str, list[str]]:
             f"--listen=127.0.0.1:{ports.config}",
             f"--port-file={var.config_port_file}",
             f"--etcd=127.0.0.1:{ports.etcd_client}",
+            f"--bootstrap-token-file={var.admin_token}",
         ],
         "storage-controller": [
             installed_program("enmasse-storage-controller"),
@@ -72,6 +78,7 @@ def program_commands(*, var: VarDir, ports: Ports) -> dict[str, list[str]]:
             f"--config={config}",
             f"--gitops-dir={var.gitops}",
             f"--var-dir={var.root}",
+            f"--token-file={var.service_token('storage-controller')}",
         ],
         "router-agent": [
             installed_program("enmasse-router-agent"),
@@ -79,12 +86,14 @@ def program_commands(*, var: VarDir, ports: Ports) -> dict[str, list[str]]:
             f"--config={config}",
             f"--var={var.root}",
             f"--gitops-dir={var.gitops}",
+            f"--token-file={var.service_token('router-agent')}",
         ],
         "subscription": [
             installed_program("enmasse-subscription"),
             f"--listen=127.0.0.1:{ports.subscription}",
             f"--config={config}",
             f"--var={var.root}",
+            f"--token-file={var.service_token('subscription')}",
         ],
         # Rendered router and broker workloads -> supervisor programs, for as long as we run.
         "runtime": [installed_program("enmasse"), f"--var-dir={var.root}", "runtime", "reconcile"],

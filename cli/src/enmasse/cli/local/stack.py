@@ -8,9 +8,15 @@ uptime; for `down`: what was stopped, as (name, PID).
 Idempotence: `up` finds a live supervisord through its socket and only (re)starts what is not
 running; a supervisord an older `up` configured gets the current programs live
 (`refresh_supervisord`), the unchanged ones untouched. `down` stops the runtime loop first (so
-it starts nothing more), then exactly the processes supervisord reports plus supervisord itself,
-by PID, and nothing else; programs a killed supervisord left behind (`orphans`) are stopped too,
-and `up` refuses to start next to them. One `up` or `down` at a time per var dir (a file lock).
+it starts nothing more), then the routers and brokers, and waits (bounded) until the
+router-agent has taken their addresses out of Active, so that the phases etcd keeps until the
+next `up` say what is true; then exactly the other processes supervisord reports plus
+supervisord itself, by PID, and nothing else; programs a killed supervisord left behind
+(`orphans`) are stopped too, and `up` refuses to start next to them. One `up` or `down` at a
+time per var dir (a file lock).
+
+Access: `up` makes the admin token before config first starts and each control-plane service's
+token once config answers (`tokens.py`).
 
 Pure parts (the uptime text, `stopped_text`) are plain functions that tests call directly.
 """
@@ -26,9 +32,10 @@ import xmlrpc.client
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
-from enmasse.cli.client import CliError
+from enmasse.cli.client import CliError, ConfigClient, resolve_token
 from enmasse.cli.local.ports import read_ports
 from enmasse.cli.local.programs import PROGRAMS
 from enmasse.cli.local.supervisor import (
@@ -43,12 +50,23 @@ from enmasse.cli.local.supervisor import (
     supervisord_pid,
     wait_until,
 )
+from enmasse.cli.local.tokens import ensure_admin_token, ensure_service_tokens
 from enmasse.cli.local.var_dir import VarDir
+from enmasse.resources.contracts import ACTIVE, STANDARD
+from enmasse.resources.kinds import KINDS
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+LIVE = ("STARTING", "RUNNING", "BACKOFF", "STOPPING")  # supervisord states of a process not done
+WORKLOADS_STOP_TIMEOUT = 20.0
+PHASES_RECORDED_TIMEOUT = 10.0
 
 
 def config_address(var: VarDir) -> str:
     return f"127.0.0.1:{read_ports(var).config}"
+
+
+def router_agent_address(var: VarDir) -> str:
+    return f"127.0.0.1:{read_ports(var).router_agent}"
 
 
 def config_healthy(address: str) -> bool:
@@ -102,6 +120,7 @@ def up(var: VarDir) -> tuple[str, bool]:
 
 def _up(var: VarDir) -> tuple[str, bool]:
     started = False
+    ensure_admin_token(var)  # before config starts: its bootstrap admin token
     if not supervisor_answers(var):
         if (pid := supervisord_pid(var)) is not None:
             raise CliError(
@@ -119,6 +138,7 @@ def _up(var: VarDir) -> tuple[str, bool]:
         refresh_supervisord(var)
         ensure_programs_running(var)
     address = wait_config_healthy(var)
+    ensure_service_tokens(var, address=address)
     # Healthy can come before supervisord's `startsecs` are over: wait for RUNNING, so that
     # `status` right after `up` says so.
     wait_until(lambda: all_running(var), timeout=10)
@@ -205,6 +225,7 @@ def _down(var: VarDir) -> list[tuple[str, int]]:
         ]
         with contextlib.suppress(xmlrpc.client.Fault):  # first: it would add routers/brokers
             proxy.supervisor.stopProcess("runtime", True)
+        _stop_workloads_first(var, proxy)
         proxy.supervisor.stopAllProcesses(True)
         with contextlib.suppress(OSError, xmlrpc.client.Error):
             proxy.supervisor.shutdown()
@@ -222,6 +243,49 @@ def _down(var: VarDir) -> list[tuple[str, int]]:
     var.socket.unlink(missing_ok=True)
     var.pidfile.unlink(missing_ok=True)  # left behind when supervisord was killed
     return stopped
+
+
+def _stop_workloads_first(var: VarDir, proxy: Any) -> None:
+    """Routers and brokers stop before the control plane, which sees them go: the router-agent
+    takes their addresses out of Active, so the store that outlives `down` holds no phase the
+    next `up` would find untrue. Bounded; a router-agent that is not running is not waited for."""
+    infos = proxy.supervisor.getAllProcessInfo()
+    workloads = [i["name"] for i in infos if i["name"] not in PROGRAMS and i["statename"] in LIVE]
+    if not workloads:
+        return
+    for name in workloads:
+        with contextlib.suppress(xmlrpc.client.Fault):  # stopped meanwhile
+            proxy.supervisor.stopProcess(name, False)
+
+    def stopped() -> bool:
+        live = {i["name"] for i in proxy.supervisor.getAllProcessInfo() if i["statename"] in LIVE}
+        return not live.intersection(workloads) and "STOPPING" not in live
+
+    wait_until(stopped, timeout=WORKLOADS_STOP_TIMEOUT)
+    agent = {i["name"]: i["statename"] for i in infos}.get("router-agent")
+    if agent == "RUNNING":
+        wait_until(lambda: not routed_addresses_active(var), timeout=PHASES_RECORDED_TIMEOUT)
+
+
+def routed_addresses_active(var: VarDir) -> list[str]:
+    """The addresses of standard spaces the store still says are Active (`space/name`); [] when
+    the config service does not answer (then there is nothing to wait for)."""
+    try:
+        token = resolve_token(option=None, var_dir=var.root)
+        with ConfigClient(server=config_address(var), timeout=2.0, token=token) as client:
+            spaces = [
+                w.address_space.metadata.name
+                for w in client.list(KINDS["AddressSpace"])
+                if w.address_space.spec.type == STANDARD
+            ]
+            return [
+                f"{space}/{w.address.metadata.name}"
+                for space in spaces
+                for w in client.list(KINDS["Address"], space=space)
+                if w.address.status.status.phase == ACTIVE
+            ]
+    except (CliError, OSError, ValueError):
+        return []
 
 
 def running(var: VarDir) -> bool:

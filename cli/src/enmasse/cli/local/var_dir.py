@@ -2,8 +2,9 @@
 
 In: `--var-dir`, else $ENMASSE_VAR, else ./var. Out: the paths every other part of the local
 runtime writes and reads, named once: etcd's data, supervisord's config, socket and pid file, the
-logs, the ports file, the config service's address, the GitOps output the controllers render into
-and the per-program files of the routers and brokers started from it. Nothing here touches the
+logs, the ports file, the config service's address, the access tokens (the admin's and one per
+control-plane service, mode 0600), the GitOps output the controllers render into and the
+per-program files of the routers and brokers started from it. Nothing here touches the
 disk: a path is only a name until its part makes it.
 """
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from enmasse.cli.client import admin_token_file
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,19 @@ class VarDir:
     @property
     def config_port_file(self) -> Path:
         return self.run / "config.port"
+
+    @property
+    def admin_token(self) -> Path:
+        """The admin token: config's bootstrap token file, and the CLI's token by default."""
+        return admin_token_file(self.root)
+
+    @property
+    def tokens(self) -> Path:
+        """One token file per control-plane service: <var>/run/tokens/<service>.token."""
+        return self.run / "tokens"
+
+    def service_token(self, service: str) -> Path:
+        return self.tokens / f"{service}.token"
 
     @property
     def gitops(self) -> Path:

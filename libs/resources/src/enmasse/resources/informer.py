@@ -16,6 +16,11 @@ How it stays right:
 
 Handlers may be plain functions or coroutines; they run in stream order, one at a time; one that
 raises is logged and the informer goes on.
+
+Credentials: given a `token` (`enmasse.common.credentials`), every Watch carries it; a refusal
+(UNAUTHENTICATED while `enmasse up` has not written the token file yet) is retried like a break.
+`with_secrets` asks for users' password hashes, which the config service gives the control
+plane's `controller` role only (the router-agent, which passes them to its routers).
 Controllers (storage-controller, router-agent, ...) build on this; it has no controller logic.
 """
 
@@ -29,6 +34,7 @@ from typing import Any
 
 import grpc
 import structlog
+from enmasse.common.credentials import TokenSource, config_channel
 from enmasse.resources.kinds import Key, key_of, object_of
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
@@ -49,10 +55,14 @@ class Informer:
         on_deleted: Handler | None = None,
         initial_backoff: float = 0.1,
         max_backoff: float = 2.0,
+        token: TokenSource | None = None,
+        with_secrets: bool = False,
     ) -> None:
         """`target` is host:port of the config service, or a function returning it (asked again
         on every reconnect, so a restarted service on a new port is found)."""
         self._target = target
+        self._token = token
+        self.with_secrets = with_secrets
         self.kinds = list(kinds)
         self.space = space
         self._handlers = {"added": on_added, "modified": on_modified, "deleted": on_deleted}
@@ -96,7 +106,7 @@ class Informer:
         while True:
             target = self._target() if callable(self._target) else self._target
             try:
-                async with grpc.aio.insecure_channel(target) as channel:
+                async with config_channel(target, token=self._token) as channel:
                     stub = config_pb2_grpc.ConfigServiceStub(channel)
                     await self._follow(stub)
             except grpc.aio.AioRpcError as error:
@@ -114,7 +124,10 @@ class Informer:
 
     async def _follow(self, stub: config_pb2_grpc.ConfigServiceStub) -> None:
         request = config_pb2.WatchRequest(
-            kinds=self.kinds, space=self.space, resource_version=self.revision
+            kinds=self.kinds,
+            space=self.space,
+            resource_version=self.revision,
+            with_secrets=self.with_secrets,
         )
         listing: dict[Key, resources_pb2.Resource] | None = {} if self.revision == 0 else None
         async for event in stub.Watch(request):

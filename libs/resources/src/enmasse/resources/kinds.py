@@ -4,10 +4,11 @@ Every kind the API knows is one `Kind` row here: its name (`Address`, what a man
 says), the field of the `Resource` oneof that holds it, its protobuf message and the message its
 List RPC answers with, the words people type for it (`addresses`, `addr`), the metadata fields
 that name one (`space` + `name`, or `name` alone), which part of the message people write (spec)
-and which the controllers write (status), and the columns `enmasse get` prints. Manifests,
-validation, the config service and the CLI all read this table, so a new kind is one new row,
-the way Qpid Dispatch's `qdrouter.json` drives its management agent from one schema, or a
-Kubernetes CustomResourceDefinition gives a kind its names, scope and printer columns.
+and which the controllers write (status), which stored fields are secret (never answered), and
+the columns `enmasse get` prints. Manifests, validation, the config service and the CLI all read
+this table, so a new kind is one new row, the way Qpid Dispatch's `qdrouter.json` drives its
+management agent from one schema, or a Kubernetes CustomResourceDefinition gives a kind its
+names, scope and printer columns.
 
 And the helpers over it: `kind_of` (the kind of a Resource or of the message inside one),
 `object_of` (the message inside a Resource), `resource_of` (a message wrapped into a Resource)
@@ -65,6 +66,10 @@ class Kind:
     """The part of the message people write (and manifests carry)."""
     status: str = ""
     """The part the controllers write ("" when the kind has none); callers never set it."""
+    secrets: tuple[str, ...] = ()
+    """Stored fields no answer carries (dotted paths: `spec.password_hash`): the config service
+    clears them in every Get, List, Watch and write answer, for every caller; only the control
+    plane's Watch `with_secrets` gets them (the router-agent passes users' hashes to routers)."""
 
     @property
     def space_scoped(self) -> bool:
@@ -152,6 +157,7 @@ KINDS: Mapping[str, Kind] = {
             key=("space", "name"),
             collection="messaging_users",
             columns=(_SPACE, _NAME, Column("USERNAME", "spec.username")),
+            secrets=("spec.password_hash",),
         ),
     )
 }

@@ -10,8 +10,15 @@ etcd transaction that compares the guard with G, and start over when somebody el
 between. Writes are serialized in-process by one lock, so concurrent requests to this process
 never race each other; the guard covers other processes.
 
+Every RPC first passes the gate (`enmasse.config.gate`: the caller's token, what its role may do
+in the space the call is about, the audit event); a List or Watch of every space shows a scoped
+caller its own spaces only, an Apply is authorized as the writes it would make, and no answer
+carries a secret field (a user's password hash), except a controller's Watch `with_secrets`.
+The token RPCs (CreateToken, ListTokens, RevokeToken) are served here over `enmasse.config.tokens`.
+
 What differs between kinds (the message a List answers with, whether an object is named by space
-and name or by name alone) is read from the one kinds table, `enmasse.resources.kinds`.
+and name or by name alone, which fields are secret) is read from the one kinds table,
+`enmasse.resources.kinds`.
 """
 
 from __future__ import annotations
@@ -23,11 +30,26 @@ from typing import Any, TypeVar
 import grpc
 import structlog
 from enmasse.config import writes
+from enmasse.config.access import (
+    LIST_RPCS,
+    OPEN,
+    WATCH_WITH_SECRETS,
+    Decision,
+    Identity,
+    authorize_applied,
+    first_refusal,
+    sees,
+    space_of,
+    visible_spaces,
+)
+from enmasse.config.audit import OK, AuditLog
 from enmasse.config.cache import CatalogCache
+from enmasse.config.gate import Call, Gate
 from enmasse.config.store import Commit, Store, StoreRefused, StoreUnavailable
+from enmasse.config.tokens import Authenticator
 from enmasse.config.watch import watch_events
 from enmasse.config.writes import Refused
-from enmasse.resources.kinds import KINDS, AnyObject, Key
+from enmasse.resources.kinds import KINDS, SPACE_SCOPED_KINDS, AnyObject, Key, key_of
 from enmasse.resources.plans import load_default_plans
 from enmasse.resources.validation import Catalog
 from enmasse.v1 import config_pb2, config_pb2_grpc
@@ -36,12 +58,21 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 MAX_ATTEMPTS = 20
 DEFAULTS_MANAGER = "enmasse-defaults"
+_APPLIED_AS = {
+    config_pb2.ApplyResult.CREATED: "Create",
+    config_pb2.ApplyResult.UPDATED: "Update",
+    config_pb2.ApplyResult.PRUNED: "Delete",
+}
 
 
 class ConfigServicer(config_pb2_grpc.ConfigServiceServicer):
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, auth: bool = False, audit: AuditLog | None = None) -> None:
+        """`auth`: every call must carry a token (`enmasse.config.gate`); without it every caller
+        may do everything, as before there were tokens."""
         self.store = store
         self.cache = CatalogCache(store)
+        self.tokens = Authenticator(store)
+        self.gate = Gate(authenticator=self.tokens if auth else None, audit=audit or AuditLog())
         self._lock = asyncio.Lock()
 
     # ------------------------------------------------------------ the common paths
@@ -63,28 +94,58 @@ class ConfigServicer(config_pb2_grpc.ConfigServiceServicer):
     async def close(self) -> None:
         await self.cache.close()
 
+    async def _serve(
+        self,
+        context: grpc.aio.ServicerContext,
+        call: Call,
+        run: Callable[[Identity], Awaitable[T]],
+    ) -> T:
+        """One RPC: the caller admitted at the gate, `run` as that caller, the write audited,
+        and refusals and store outages turned into the gRPC status the caller sees."""
+        identity: Identity | None = None
+        outcome, reason = "", ""
+        try:
+            identity = await self.gate.admit(context, call)
+            answer = await run(identity)
+        except Refused as refused:
+            outcome, reason = refused.code.name, refused.message
+            await context.abort(refused.code, refused.message)
+        except StoreUnavailable as error:
+            outcome, reason = "UNAVAILABLE", f"the store is unavailable: {error}"
+            await context.abort(grpc.StatusCode.UNAVAILABLE, reason)
+        except StoreRefused as error:
+            outcome, reason = error.code.name, f"the store refused the request: {error.details}"
+            await context.abort(error.code, reason)
+        else:
+            outcome = OK
+            return answer
+        finally:
+            if identity is not None and call.writes and outcome:
+                self.gate.wrote(identity, call, outcome=outcome, reason=reason, peer=context.peer())
+        raise AssertionError("context.abort returns only by raising")
+
     async def _create(self, obj: AnyObject, context: grpc.aio.ServicerContext) -> Any:
-        async def run() -> AnyObject:
+        async def run(_identity: Identity) -> AnyObject:
             stored, revision = await self._write(
                 lambda catalog: writes.plan_create(obj, catalog=catalog)
             )
             return _answer(stored, revision)
 
-        return await _answering(context, run)
+        return await self._serve(context, _call_on("Create", key_of(obj)), run)
 
     async def _update(self, obj: AnyObject, context: grpc.aio.ServicerContext) -> Any:
-        async def run() -> AnyObject:
+        async def run(_identity: Identity) -> AnyObject:
             stored, revision = await self._write(
                 lambda catalog: writes.plan_update(obj, catalog=catalog)
             )
             return _answer(stored, revision)
 
-        return await _answering(context, run)
+        return await self._serve(context, _call_on("Update", key_of(obj)), run)
 
     async def _delete(
         self, kind: str, request: config_pb2.DeleteRequest, context: grpc.aio.ServicerContext
     ) -> config_pb2.DeleteResponse:
-        async def run() -> config_pb2.DeleteResponse:
+        async def run(_identity: Identity) -> config_pb2.DeleteResponse:
             key = _key(kind, request.ref)
 
             def compute(catalog: Catalog) -> tuple[Commit, None]:
@@ -97,12 +158,12 @@ class ConfigServicer(config_pb2_grpc.ConfigServiceServicer):
             log.info("deleted", kind=kind, space=key[1], name=key[2], revision=revision)
             return config_pb2.DeleteResponse(revision=revision)
 
-        return await _answering(context, run)
+        return await self._serve(context, _call_on("Delete", _named(kind, request.ref)), run)
 
     async def _status(
         self, kind: str, request: Any, context: grpc.aio.ServicerContext
     ) -> AnyObject:
-        async def run() -> AnyObject:
+        async def run(_identity: Identity) -> AnyObject:
             key = _key(kind, request.ref)
             stored, revision = await self._write(
                 lambda catalog: writes.plan_status(
@@ -114,34 +175,40 @@ class ConfigServicer(config_pb2_grpc.ConfigServiceServicer):
             )
             return _answer(stored, revision)
 
-        return await _answering(context, run)
+        key = _named(kind, request.ref)
+        call = Call(f"Update{kind}Status", space=space_of(key), kind=kind, name=key[2])
+        return await self._serve(context, call, run)
 
     async def _get(
         self, kind: str, ref: config_pb2.ObjectRef, context: grpc.aio.ServicerContext
     ) -> Any:
-        async def run() -> AnyObject:
+        async def run(_identity: Identity) -> AnyObject:
             key = _key(kind, ref)
             obj = await self.store.get(key)
             if obj is None:
                 raise Refused(grpc.StatusCode.NOT_FOUND, f"{writes.describe(key)} not found")
             return writes.public_form(obj)
 
-        return await _answering(context, run)
+        return await self._serve(context, _call_on("Get", _named(kind, ref)), run)
 
     async def _list(
         self, kind: str, request: config_pb2.ListRequest, context: grpc.aio.ServicerContext
     ) -> Any:
-        async def run() -> Any:
+        async def run(identity: Identity) -> Any:
             objects, revision = await self.store.objects(kind=kind, space=request.space)
             wanted = dict(request.label_selector)
+            visible = visible_spaces(identity)
             items = [
                 writes.public_form(obj)
                 for obj in objects
                 if all(obj.metadata.labels.get(k) == v for k, v in wanted.items())
+                and sees(visible, key_of(obj))
             ]
             return KINDS[kind].list_message(items=items, revision=revision)
 
-        return await _answering(context, run)
+        space = request.space if kind in SPACE_SCOPED_KINDS else ""
+        call = Call(LIST_RPCS[kind], space=space, kind=kind)
+        return await self._serve(context, call, run)
 
     # ------------------------------------------------------------ plans
 
@@ -237,8 +304,15 @@ class ConfigServicer(config_pb2_grpc.ConfigServiceServicer):
     async def Watch(
         self, request: config_pb2.WatchRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[config_pb2.WatchEvent]:
+        call = Call("Watch", space=request.space)
         try:
-            async for event in watch_events(self.store, request):
+            identity = await self.gate.admit(context, call)
+            if request.with_secrets:
+                self.gate.check(
+                    identity, Call(WATCH_WITH_SECRETS, space=request.space), peer=context.peer()
+                )
+            visible = visible_spaces(identity)
+            async for event in watch_events(self.store, request, visible=visible):
                 yield event
         except Refused as refused:
             await context.abort(refused.code, refused.message)
@@ -248,11 +322,22 @@ class ConfigServicer(config_pb2_grpc.ConfigServiceServicer):
     async def Apply(
         self, request: config_pb2.ApplyRequest, context: grpc.aio.ServicerContext
     ) -> config_pb2.ApplyResponse:
-        return await _answering(context, lambda: self.apply(request))
+        call = Call("Apply", space=request.space, name=request.manager)
+        return await self._serve(
+            context, call, lambda identity: self.apply(request, identity=identity)
+        )
 
-    async def apply(self, request: config_pb2.ApplyRequest) -> config_pb2.ApplyResponse:
+    async def apply(
+        self, request: config_pb2.ApplyRequest, *, identity: Identity = OPEN
+    ) -> config_pb2.ApplyResponse:
+        """An Apply as `identity`: refused (PERMISSION_DENIED) as a whole when anything it would
+        create, change or prune is not that identity's to write (a dry run too)."""
+
         def compute(catalog: Catalog) -> tuple[Commit, writes.ApplyPlan]:
             plan = writes.plan_apply(request, catalog=catalog)
+            refusal = first_refusal(_applied_as(identity, plan.results))
+            if not refusal.allowed:
+                raise Refused(grpc.StatusCode.PERMISSION_DENIED, refusal.reason)
             return (Commit() if request.dry_run else plan.commit), plan
 
         plan, revision = await self._write(compute)
@@ -273,6 +358,56 @@ class ConfigServicer(config_pb2_grpc.ConfigServiceServicer):
         request = config_pb2.ApplyRequest(manager=DEFAULTS_MANAGER, resources=load_default_plans())
         response = await self.apply(request)
         return sum(1 for r in response.results if r.action == config_pb2.ApplyResult.CREATED)
+
+    # ------------------------------------------------------------ access tokens
+
+    async def CreateToken(
+        self, request: config_pb2.CreateTokenRequest, context: grpc.aio.ServicerContext
+    ) -> config_pb2.CreateTokenResponse:
+        async def run(identity: Identity) -> config_pb2.CreateTokenResponse:
+            created = await self.tokens.create(request, created_by=identity.name)
+            log.info("token created", name=request.name, role=request.role, by=identity.name)
+            return created
+
+        return await self._serve(context, Call("CreateToken", kind="Token", name=request.name), run)
+
+    async def ListTokens(
+        self, request: config_pb2.ListTokensRequest, context: grpc.aio.ServicerContext
+    ) -> config_pb2.TokenList:
+        async def run(_identity: Identity) -> config_pb2.TokenList:
+            return config_pb2.TokenList(items=await self.tokens.list())
+
+        return await self._serve(context, Call("ListTokens", kind="Token"), run)
+
+    async def RevokeToken(
+        self, request: config_pb2.RevokeTokenRequest, context: grpc.aio.ServicerContext
+    ) -> config_pb2.Token:
+        async def run(identity: Identity) -> config_pb2.Token:
+            revoked = await self.tokens.revoke(request.name)
+            log.info("token revoked", name=request.name, by=identity.name)
+            return revoked
+
+        return await self._serve(context, Call("RevokeToken", kind="Token", name=request.name), run)
+
+
+def _applied_as(identity: Identity, results: list[config_pb2.ApplyResult]) -> list[Decision]:
+    """Each write an Apply would make, as the single-object RPC it amounts to, authorized."""
+    decisions = []
+    for result in results:
+        verb = _APPLIED_AS.get(result.action)
+        if verb is not None:
+            key = (result.kind, result.ref.space, result.ref.name)
+            decisions.append(authorize_applied(identity, f"{verb}{result.kind}", space_of(key)))
+    return decisions
+
+
+def _call_on(verb: str, key: Key) -> Call:
+    return Call(f"{verb}{key[0]}", space=space_of(key), kind=key[0], name=key[2])
+
+
+def _named(kind: str, ref: config_pb2.ObjectRef) -> Key:
+    """The key a ref names, unchecked (for the gate: `_key` checks it inside the call)."""
+    return kind, ref.space if kind in SPACE_SCOPED_KINDS else "", ref.name
 
 
 def _answer(stored: AnyObject, revision: int) -> AnyObject:
@@ -295,16 +430,3 @@ def _key(kind: str, ref: config_pb2.ObjectRef) -> Key:
             )
         return kind, ref.space, ref.name
     return kind, "", ref.name
-
-
-async def _answering(context: grpc.aio.ServicerContext, run: Callable[[], Awaitable[T]]) -> T:
-    """Runs one RPC, turning refusals and store outages into the gRPC status the caller sees."""
-    try:
-        return await run()
-    except Refused as refused:
-        await context.abort(refused.code, refused.message)
-    except StoreUnavailable as error:
-        await context.abort(grpc.StatusCode.UNAVAILABLE, f"the store is unavailable: {error}")
-    except StoreRefused as error:
-        await context.abort(error.code, f"the store refused the request: {error.details}")
-    raise AssertionError("context.abort returns only by raising")

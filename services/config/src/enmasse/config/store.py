@@ -9,6 +9,8 @@ tests and several installations can share one etcd):
     <prefix>/resources/Address/<space>/<name>         space-scoped kinds
     <prefix>/resources/MessagingUser/<space>/<name>
     <prefix>/guard                                    written by every write transaction
+    <prefix>/tokens/<sha256 of the secret>            an access token's record (`config_pb2.Token`)
+    <prefix>/token-names/<name>                       -> the sha256 of that name's token
 
 Values are the serialized protobuf message of the kind (an `Address`, ...), stored with
 `resource_version` 0: the key's mod revision is the resource version, read back on every get, so the
@@ -21,6 +23,10 @@ that compares the guard with G and bumps it. If anybody wrote in between (anothe
 instance), the commit fails and the write is checked again. So every rule holds on a consistent
 state, whatever the rule, without an index key per rule. The price is that writes are
 serialized, which the config service does in-process anyway.
+
+Access tokens live beside the resources, outside `resources/` (so no Watch, List or catalog ever
+sees them): found by the hash of the secret a caller presents, and by name for the admin's
+list, replace and revoke. Only the hash is stored (`enmasse.config.tokens` says why sha256).
 
 Watch streams are etcd's own (raw `Watch` over the resources prefix with `prev_kv`), so a resume
 from revision N gets exactly the changes after N, or `Compacted` when etcd has dropped them.
@@ -38,6 +44,7 @@ import grpc
 import structlog
 from aetcd import rpc
 from enmasse.resources.kinds import KINDS, SPACE_SCOPED_KINDS, AnyObject, Key
+from enmasse.v1 import config_pb2
 
 log = structlog.get_logger(__name__)
 DEFAULT_PREFIX = "/enmasse/v1"
@@ -122,6 +129,8 @@ class Store:
         self.prefix = prefix.rstrip("/")
         self._resources = f"{self.prefix}/resources/".encode()
         self._guard = f"{self.prefix}/guard".encode()
+        self._tokens = f"{self.prefix}/tokens/".encode()
+        self._token_names = f"{self.prefix}/token-names/".encode()
         self._timeout = timeout
         target = channel_target(endpoints)
         self._channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
@@ -233,6 +242,66 @@ class Store:
     async def revision(self) -> int:
         request = rpc.RangeRequest(key=self._guard, count_only=True)
         return int((await self._call(self._kv.Range, request)).header.revision)
+
+    # ---------------------------------------------------------------- access tokens
+
+    async def token(self, digest: str) -> config_pb2.Token | None:
+        """The record of the token whose secret hashes to `digest`, if there is one."""
+        response = await self._call(
+            self._kv.Range, rpc.RangeRequest(key=self._tokens + digest.encode())
+        )
+        if not response.kvs:
+            return None
+        return config_pb2.Token.FromString(response.kvs[0].value)
+
+    async def tokens(self) -> list[config_pb2.Token]:
+        start = self._tokens
+        request = rpc.RangeRequest(key=start, range_end=_prefix_end(start))
+        response = await self._call(self._kv.Range, request)
+        found = [config_pb2.Token.FromString(kv.value) for kv in response.kvs]
+        return sorted(found, key=lambda token: token.name)
+
+    async def token_digest(self, name: str) -> tuple[str, int]:
+        """(the digest of the token called `name`, the mod revision of its name key); ("", 0)
+        when there is no such token."""
+        request = rpc.RangeRequest(key=self._token_names + name.encode())
+        response = await self._call(self._kv.Range, request)
+        if not response.kvs:
+            return "", 0
+        return response.kvs[0].value.decode(), int(response.kvs[0].mod_revision)
+
+    async def put_token(
+        self, token: config_pb2.Token, *, digest: str, replacing: tuple[str, int] = ("", 0)
+    ) -> bool:
+        """Stores `token` under `digest` and its name, if the name still points where
+        `replacing` says (("", 0): nowhere); the replaced token's record goes. False when the
+        name moved meanwhile (or exists, for a new one)."""
+        old_digest, name_revision = replacing
+        name_key = self._token_names + token.name.encode()
+        ops = [
+            rpc.RequestOp(request_put=rpc.PutRequest(key=name_key, value=digest.encode())),
+            rpc.RequestOp(
+                request_put=rpc.PutRequest(
+                    key=self._tokens + digest.encode(), value=token.SerializeToString()
+                )
+            ),
+        ]
+        if old_digest and old_digest != digest:
+            old = rpc.DeleteRangeRequest(key=self._tokens + old_digest.encode())
+            ops.append(rpc.RequestOp(request_delete_range=old))
+        compare = rpc.Compare(
+            key=name_key,
+            target=rpc.Compare.MOD,
+            result=rpc.Compare.EQUAL,
+            mod_revision=name_revision,
+        )
+        response = await self._call(self._kv.Txn, rpc.TxnRequest(compare=[compare], success=ops))
+        return bool(response.succeeded)
+
+    async def save_token(self, token: config_pb2.Token, *, digest: str) -> None:
+        """Writes a changed record (revoked) of an existing token back."""
+        put = rpc.PutRequest(key=self._tokens + digest.encode(), value=token.SerializeToString())
+        await self._call(self._kv.Put, put)
 
     # ---------------------------------------------------------------- watch
 

@@ -20,7 +20,11 @@ point (see `resume_points`), so that a stream cut in the middle of a transaction
 before it, never after it.
 
 Filtering: `kinds` keeps those kinds only; `space` keeps the objects of that space (its addresses,
-its users and the AddressSpace of that name) plus the plans, which every space uses. When changes
+its users and the AddressSpace of that name) plus the plans, which every space uses; `visible`
+(the caller's spaces, when its role is scoped to some: `enmasse.config.access`) keeps the objects
+of those spaces plus the plans. Secret fields (a user's password hash) are cleared from every
+event unless the request asks `with_secrets` (which the servicer allows the control plane only).
+When changes
 are filtered out, a PROGRESS event (at most one a second) carries the revision reached, so that a
 resuming client does not go back further than it must. etcd's own progress notifications are
 passed on as PROGRESS too.
@@ -35,6 +39,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import grpc
+from enmasse.config.access import sees
 from enmasse.config.store import Change, Compacted, Store, StoreUnavailable
 from enmasse.config.writes import PLAN_KINDS, Refused, public_form
 from enmasse.resources.kinds import KINDS, Key, key_of, resource_of
@@ -50,32 +55,44 @@ space still moves its resume revision forward, and does not fall behind a compac
 class WatchFilter:
     kinds: frozenset[str]
     space: str
+    visible: frozenset[str] | None = None
+    secrets: bool = False
 
     @classmethod
-    def of(cls, request: config_pb2.WatchRequest) -> WatchFilter:
+    def of(
+        cls, request: config_pb2.WatchRequest, *, visible: frozenset[str] | None = None
+    ) -> WatchFilter:
         unknown = [kind for kind in request.kinds if kind not in KINDS]
         if unknown:
             raise Refused(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"kinds: '{unknown[0]}' is not a kind (one of {', '.join(KINDS)})",
             )
-        return cls(kinds=frozenset(request.kinds), space=request.space)
+        return cls(
+            kinds=frozenset(request.kinds),
+            space=request.space,
+            visible=visible,
+            secrets=request.with_secrets,
+        )
 
     def matches(self, key: Key) -> bool:
         kind, space, name = key
         if self.kinds and kind not in self.kinds:
+            return False
+        if not sees(self.visible, key):
             return False
         if not self.space or kind in PLAN_KINDS:
             return True
         return space == self.space or (kind == "AddressSpace" and name == self.space)
 
 
-def event_of(change: Change) -> config_pb2.WatchEvent:
+def event_of(change: Change, *, secrets: bool = False) -> config_pb2.WatchEvent:
     if change.type == "delete":
         kind = Event.DELETED
     else:
         kind = Event.ADDED if change.created else Event.MODIFIED
-    return Event(type=kind, object=resource_of(public_form(change.obj)), revision=change.revision)
+    shown = public_form(change.obj, secrets=secrets)
+    return Event(type=kind, object=resource_of(shown), revision=change.revision)
 
 
 def resume_points(events: list[config_pb2.WatchEvent]) -> list[config_pb2.WatchEvent]:
@@ -96,8 +113,10 @@ async def watch_events(
     request: config_pb2.WatchRequest,
     *,
     outage_limit: float = 60.0,
+    visible: frozenset[str] | None = None,
 ) -> AsyncIterator[config_pb2.WatchEvent]:
-    selected = WatchFilter.of(request)
+    """The events of `request`, of the spaces `visible` only (None: every space)."""
+    selected = WatchFilter.of(request, visible=visible)
     last = request.resource_version
     if last < 0:
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "resource_version must not be negative")
@@ -105,7 +124,8 @@ async def watch_events(
         objects, last = await store.objects(kind=None)
         for obj in objects:
             if selected.matches(key_of(obj)):
-                yield Event(type=Event.ADDED, object=resource_of(public_form(obj)), revision=0)
+                shown = public_form(obj, secrets=selected.secrets)
+                yield Event(type=Event.ADDED, object=resource_of(shown), revision=0)
         yield Event(type=Event.SYNCED, revision=last)
     down_since: float | None = None
     progressed = time.monotonic()
@@ -119,7 +139,8 @@ async def watch_events(
                     yield Event(type=Event.PROGRESS, revision=last)
                 kept = [c for c in batch.changes if selected.matches(c.key)]
                 dropped = len(kept) < len(batch.changes)
-                for event in resume_points([event_of(c) for c in kept]):
+                events = [event_of(c, secrets=selected.secrets) for c in kept]
+                for event in resume_points(events):
                     yield event
                 if batch.changes:
                     last = batch.changes[-1].revision

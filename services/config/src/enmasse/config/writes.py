@@ -188,12 +188,32 @@ def unchanged(desired: AnyObject, *, existing: AnyObject) -> bool:
     )
 
 
-def public_form(obj: AnyObject) -> AnyObject:
-    """What callers see: never a clear password (it is never stored anyway)."""
-    if kind_of(obj) == "MessagingUser" and obj.spec.password:
-        obj = _copy(obj)
-        obj.spec.password = ""
+def public_form(obj: AnyObject, *, secrets: bool = False) -> AnyObject:
+    """What callers see: never a clear password (it is never stored anyway), and none of the
+    kind's secret fields (`Kind.secrets`: a user's password hash) unless `secrets` (the control
+    plane's Watch with_secrets). A copy when anything is cleared, else `obj` itself."""
+    paths = [] if secrets else list(KINDS[kind_of(obj)].secrets)
+    if kind_of(obj) == "MessagingUser":
+        paths.append("spec.password")
+    present = [path for path in paths if _has(obj, path)]
+    if not present:
+        return obj
+    obj = _copy(obj)
+    for path in present:
+        parent, _, leaf = path.rpartition(".")
+        _field(obj, parent).ClearField(leaf)
     return obj
+
+
+def _field(obj: Any, path: str) -> Any:
+    for part in path.split(".") if path else ():
+        obj = getattr(obj, part)
+    return obj
+
+
+def _has(obj: Any, path: str) -> bool:
+    parent, _, leaf = path.rpartition(".")
+    return bool(getattr(_field(obj, parent), leaf))
 
 
 def _input_form(obj: AnyObject) -> AnyObject:

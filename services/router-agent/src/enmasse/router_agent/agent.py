@@ -8,18 +8,21 @@ the others), Address status phase (Active / Configuring with why) and AddressSpa
 (phase, amqp endpoints of its routers) written through the config service, and, given a GitOps
 output directory, each standard space's router workloads rendered there (`workloads`).
 
-How it is built: one reconcile pass per wake-up (a store change, a directory change, or a tick
-that probes the routers). A pass is a pure computation (`routing`) followed by three idempotent
-effects: push where a router is behind, probe where it is not (to notice restarts), and write a
-status only where it differs from what the store holds, with compare-and-swap on the
-resource_version it read, so a concurrent write by the storage-controller (placement) is never
-overwritten: the write is refused (ABORTED), the informer brings the new version, and the next
-pass writes again on top of it.
+How it is built: one reconcile pass per wake-up (a store change, a router's connection lost or
+back, or a tick that rereads the directory and probes the routers). A pass is a pure
+computation (`routing`) followed by three idempotent effects: push where a router is behind,
+probe where it is not (to notice restarts), and write a status only where it differs from what
+the store holds, with compare-and-swap on the resource_version it read, so a concurrent write
+by the storage-controller (placement) is never overwritten: the write is refused (ABORTED), the
+informer brings the new version, and the next pass writes again on top of it.
 
 What the agent writes into a stored address's status, and what it leaves to the
 storage-controller, is decided by `routing.status_to_write`.
 
 Every call has a deadline; a router that does not answer delays only its own addresses' phases.
+A phase says what the routers run now: a router the agent loses (its connection drops, as it
+does at once when the process dies, or it stops answering) takes its space's addresses back to
+Configuring in the next pass, naming it, until it has its configuration again (`push`).
 Only standard spaces are the agent's: a brokered space has no routers.
 """
 
@@ -34,6 +37,7 @@ from typing import Any
 
 import grpc
 import structlog
+from enmasse.common.credentials import TokenSource, config_channel
 from enmasse.resources.discovery import Directory
 from enmasse.resources.informer import Informer
 from enmasse.resources.kinds import object_of
@@ -74,18 +78,22 @@ class RouterAgent:
         *,
         config_target: str | Callable[[], str],
         directory: Directory,
+        token: TokenSource | None = None,
         tick: float = 0.5,
         probe_every: float = 1.0,
         workloads: RouterWorkloads | None = None,
     ) -> None:
         self._config_target = config_target
+        self._token = token
         self.directory = directory
         self.workloads = workloads
         self.tick = tick
         self.probe_every = probe_every
         self.informer = Informer(
             target=config_target,
-            kinds=["Address", "AddressSpace", "MessagingUser"],
+            kinds=["Address", "AddressSpace", "MessagingUser", "AddressSpacePlan"],
+            token=token,
+            with_secrets=True,  # the users' password hashes, for the routers to check logins
             on_added=self._changed,
             on_modified=self._changed,
             on_deleted=self._changed,
@@ -172,7 +180,7 @@ class RouterAgent:
         if self._channel is None or self._channel_target != target:
             if self._channel is not None:
                 await self._channel.close()
-            self._channel = grpc.aio.insecure_channel(target)
+            self._channel = config_channel(target, token=self._token)
             self._channel_target = target
         return config_pb2_grpc.ConfigServiceStub(self._channel)
 
@@ -195,24 +203,32 @@ class RouterAgent:
         sessions = await self._sessions(name, routers)
         ahead = max((s.ahead for s in sessions.values()), default=0)
         users = router_users(object_of(r) for r in self.informer.list("MessagingUser", space=name))
+        plan = self.informer.get("AddressSpacePlan", space.spec.plan)  # its quotas: the limits
         routing.update(
-            routes=routes, held_back=held_back, routers=routers, floor=ahead, users=users
+            routes=routes,
+            held_back=held_back,
+            routers=routers,
+            floor=ahead,
+            users=users,
+            quotas=plan.address_space_plan.spec.quotas if plan is not None else None,
         )
         await self._converge(routing, sessions, probe=probe)
         applied = {router_id: s.applied for router_id, s in sessions.items()}
+        unreachable = {router_id for router_id, s in sessions.items() if not s.reachable}
         phases = readiness(
             addresses=addresses,
             held_back=routing.held_back,
             since=routing.since,
             applied=applied,
             routers=routing.routers,
+            unreachable=unreachable,
         )
         # Status writes run beside the passes, one batch per space at a time: thousands of them
         # take the config service seconds, and pushes to routers must not wait behind them.
         writing = self._status_tasks.get(name)
         if writing is None or writing.done():
             self._status_tasks[name] = asyncio.get_running_loop().create_task(
-                self._write_statuses(stub, space, addresses, phases, routing, applied),
+                self._write_statuses(stub, space, addresses, phases, routing, applied, unreachable),
                 name=f"status-{name}",
             )
 
@@ -224,12 +240,13 @@ class RouterAgent:
         phases: dict[str, Readiness],
         routing: SpaceRouting,
         applied: dict[str, int],
+        unreachable: set[str],
     ) -> None:
         written = 0
         started = time.monotonic()
         try:
             # The space first: when an address reads Active, the endpoints to reach it are out.
-            written += await self._write_space_status(stub, space, routing, applied)
+            written += await self._write_space_status(stub, space, routing, applied, unreachable)
             written += await self._write_address_statuses(stub, addresses, phases)
         except Exception:
             log.exception("status writes failed", space=space.metadata.name)
@@ -251,7 +268,9 @@ class RouterAgent:
                 del sessions[router_id]
         for router_id, endpoint in wanted.items():
             if router_id not in sessions:
-                sessions[router_id] = RouterSession(space=space, endpoint=endpoint)
+                session = RouterSession(space=space, endpoint=endpoint, on_change=self._wake.set)
+                session.watch()
+                sessions[router_id] = session
         return sessions
 
     async def _converge(
@@ -315,9 +334,13 @@ class RouterAgent:
         space: resources_pb2.AddressSpace,
         routing: SpaceRouting,
         applied: dict[str, int],
+        unreachable: set[str],
     ) -> int:
         verdict = space_readiness(
-            generation=routing.generation, applied=applied, routers=routing.routers
+            generation=routing.generation,
+            applied=applied,
+            routers=routing.routers,
+            unreachable=unreachable,
         )
         status = resources_pb2.AddressSpaceStatus()
         status.CopyFrom(space.status)

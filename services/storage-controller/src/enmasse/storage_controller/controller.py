@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 
 import grpc
 import structlog
+from enmasse.common.credentials import TokenSource, config_channel
 from enmasse.resources.contracts import ACTIVE, STORED_TYPES, SUBSCRIPTION_SEPARATOR
 from enmasse.resources.discovery import LOOPBACK, BrokerEndpoint, Directory
 from enmasse.resources.informer import Informer
@@ -131,8 +132,10 @@ class StorageController:
         pick_port: Callable[[], int] = free_port,
         resync_interval: float = 1.0,
         writeback: WorkloadRepository | None = None,
+        token: TokenSource | None = None,
     ) -> None:
         self.config_target = config_target
+        self._token = token
         self.output = output
         self.directory = directory
         self.space_filter = space
@@ -142,6 +145,7 @@ class StorageController:
         self.informer = Informer(
             target=config_target,
             kinds=KINDS,
+            token=token,
             on_added=self._changed,
             on_modified=self._changed,
             on_deleted=self._changed,
@@ -752,7 +756,9 @@ class StorageController:
     def _config_stub(self) -> config_pb2_grpc.ConfigServiceStub:
         if self._config_channel is None:
             target = self.config_target() if callable(self.config_target) else self.config_target
-            self._config_channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+            self._config_channel = config_channel(
+                target, token=self._token, options=CHANNEL_OPTIONS
+            )
         return config_pb2_grpc.ConfigServiceStub(self._config_channel)
 
 

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 import structlog
+from enmasse.common.credentials import token_file_source
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server, until_terminated
 from enmasse.common.tracing import configure_service_tracing
@@ -38,6 +39,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         dest="config",
         default="127.0.0.1:5680",
         help="host:port of the config service",
+    )
+    parser.add_argument(
+        "--token-file",
+        default=None,
+        help="the file holding this service's config token (else $ENMASSE_TOKEN_FILE; none: "
+        "calls go without one, for a config service run without --auth)",
     )
     parser.add_argument(
         "--gitops-dir",
@@ -84,6 +91,7 @@ async def serve(args: argparse.Namespace) -> None:
         directory=LocalDirectory(args.var_dir) if args.var_dir is not None else None,
         space=args.space,
         resync_interval=args.resync,
+        token=token_file_source(args.token_file),
     )
     host, _, port = args.listen.rpartition(":")
     running = await start_server(registrations=[], host=host or "127.0.0.1", port=int(port or 0))

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import structlog
+from enmasse.common.credentials import token_file_source
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server, until_terminated, write_port_file
 from enmasse.common.tracing import configure_service_tracing
@@ -34,6 +35,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--listen", default="127.0.0.1:0", help="host:port to serve on")
     parser.add_argument("--config", required=True, help="host:port of the config service")
     parser.add_argument(
+        "--token-file",
+        default=None,
+        help="the file holding this service's config token (else $ENMASSE_TOKEN_FILE; none: "
+        "calls go without one, for a config service run without --auth)",
+    )
+    parser.add_argument(
         "--var",
         default=os.environ.get("ENMASSE_VAR", "var"),
         help="the runtime's var dir (ports files under it)",
@@ -47,7 +54,11 @@ async def serve(args: argparse.Namespace) -> None:
     directory = LocalDirectory(
         Path(args.var), brokers=Path(args.brokers_dir) if args.brokers_dir else None
     )
-    subscriptions = DurableSubscriptions(config_target=args.config, directory=directory)
+    subscriptions = DurableSubscriptions(
+        config_target=args.config,
+        directory=directory,
+        token=token_file_source(args.token_file),
+    )
     subscriptions.start()
     host, _, port = args.listen.rpartition(":")
     running = await start_server(

@@ -30,6 +30,7 @@ import grpc
 import structlog
 from enmasse.amqp.client import AmqpError, Client
 from enmasse.amqp.engine import Terminus
+from enmasse.common.credentials import TokenSource, config_channel
 from enmasse.resources.discovery import BrokerEndpoint, Directory
 from enmasse.resources.informer import Informer
 from enmasse.resources.kinds import object_of
@@ -62,12 +63,20 @@ TopicKey = tuple[str, str]  # (space, topic resource name)
 
 
 class DurableSubscriptions:
-    def __init__(self, *, config_target: str | Callable[[], str], directory: Directory) -> None:
+    def __init__(
+        self,
+        *,
+        config_target: str | Callable[[], str],
+        directory: Directory,
+        token: TokenSource | None = None,
+    ) -> None:
         self._config_target = config_target
+        self._token = token
         self.directory = directory
         self.informer = Informer(
             target=config_target,
             kinds=["AddressSpace", "Address", "AddressPlan"],
+            token=token,
             on_added=self._changed,
             on_modified=self._changed,
         )
@@ -122,7 +131,7 @@ class DurableSubscriptions:
     async def _place(
         self, key: TopicKey, subscriber: Subscriber
     ) -> subscription_pb2.SubscriptionLocation:
-        async with grpc.aio.insecure_channel(self._target()) as channel:
+        async with config_channel(self._target(), token=self._token) as channel:
             config = config_pb2_grpc.ConfigServiceStub(channel)
             for _attempt in range(RECORD_ATTEMPTS):
                 topic = self._freshest(key)
