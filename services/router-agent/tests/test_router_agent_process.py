@@ -1,10 +1,16 @@
-"""`enmasse-router-agent` as a real process: SIGKILLed in the middle of a change, it converges.
+"""`enmasse-router-agent` as a real process: SIGKILLed in the middle of a change, it converges;
+a router SIGKILLed under it takes its space's addresses out of Active until it is back.
 
 The agent runs as its console script against the config service and a router process. It is
 killed (SIGKILL) right after a burst of new addresses, more addresses are created and one deleted
 while it is down, and a new agent process then brings every router and every address to where
 the store says: every address Active, none stuck in Configuring, the deleted one gone from the
 router, and the router's generation moved forward (never refused as stale).
+
+The other way round, the router is SIGKILLed: every address of its space (anycast, multicast,
+and a queue the storage-controller placed) leaves Active in the store, naming the router, and
+turns Active again once the router runs on the same ports and has its configuration. How long
+the store took to say so is printed (`-s`), never asserted beyond a generous bound.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,7 +38,7 @@ from enmasse.v1 import (
     router_pb2,
 )
 
-from tests.fixtures.router import RouterFleet
+from tests.fixtures.router import RouterFleet, RouterProcess
 
 pytestmark = pytest.mark.timeout(120)
 CONSOLE_SCRIPT = Path(sys.executable).parent / "enmasse-router-agent"
@@ -39,9 +46,10 @@ Ref = config_pb2.ObjectRef
 
 
 class AgentProcess:
-    def __init__(self, *, config: str, var: Path) -> None:
+    def __init__(self, *, config: str, var: Path, tick: float = 0.2) -> None:
         self.config = config
         self.var = var
+        self.tick = tick
         self.process: subprocess.Popen[bytes] | None = None
         self.port = 0
 
@@ -53,7 +61,7 @@ class AgentProcess:
             f"--config={self.config}",
             f"--var={self.var}",
             f"--port-file={port_file}",
-            "--tick=0.2",
+            f"--tick={self.tick}",
         ]
         with open(self.var / "router-agent.log", "ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -252,3 +260,134 @@ async def created_when_possible(
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.2)
+
+
+def publish_router(var: Path, space: str, router: RouterProcess) -> None:
+    write_ports(
+        var / "routers" / space / router.router_id / "ports.json",
+        {
+            "amqp": router.amqp_port,
+            "inter_router": router.inter_router_port,
+            "admin": router.admin_port,
+        },
+    )
+
+
+def closed_port() -> int:
+    """A loopback port nobody listens on (the broker a placement names; never started here)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def place_like_the_storage_controller(
+    stub: config_pb2_grpc.ConfigServiceStub, name: str, *, broker: str
+) -> None:
+    """What the storage-controller writes once the broker holds the address."""
+    status = resources_pb2.AddressStatus(
+        status=resources_pb2.Status(
+            phase="Configuring",
+            messages=[f"placed on broker {broker}", f"broker ready: {broker}"],
+        ),
+        brokers=[resources_pb2.BrokerPlacement(broker=broker, state="Active")],
+    )
+    await stub.UpdateAddressStatus(
+        config_pb2.UpdateAddressStatusRequest(ref=Ref(space="shop", name=name), status=status),
+        timeout=5,
+    )
+
+
+async def statuses(stub: config_pb2_grpc.ConfigServiceStub) -> dict[str, resources_pb2.Status]:
+    listed = await stub.ListAddresses(config_pb2.ListRequest(space="shop"), timeout=5)
+    return {a.metadata.name: a.status.status for a in listed.items}
+
+
+async def test_a_killed_router_takes_its_addresses_out_of_active_until_it_is_back(
+    etcd: Any,
+    etcd_prefix: str,
+    config_process_factory: Any,
+    routers: RouterFleet,
+    agent_process: list[AgentProcess],
+    tmp_path: Path,
+) -> None:
+    config = config_process_factory(etcd_endpoint=etcd.endpoint, prefix=etcd_prefix)
+    router = routers.start("r0")
+    publish_router(tmp_path, "shop", router)
+    write_ports(tmp_path / "brokers/shop/broker-0/ports.json", {"amqp": closed_port(), "admin": 1})
+    agent = AgentProcess(config=config.target, var=tmp_path, tick=0.5)  # the default tick
+    agent_process.append(agent)
+    agent.start()
+    async with grpc.aio.insecure_channel(config.target) as channel:
+        stub = config_pb2_grpc.ConfigServiceStub(channel)
+        await stub.CreateAddressSpace(
+            resources_pb2.AddressSpace(
+                metadata=resources_pb2.Metadata(name="shop"),
+                spec=resources_pb2.AddressSpaceSpec(type="standard", plan="standard-small"),
+            ),
+            timeout=5,
+        )
+        await stub.CreateAddress(anycast("calls"), timeout=5)
+        await stub.CreateAddress(
+            resources_pb2.Address(
+                metadata=resources_pb2.Metadata(name="news", space="shop"),
+                spec=resources_pb2.AddressSpec(
+                    address="news", type="multicast", plan="standard-multicast"
+                ),
+            ),
+            timeout=5,
+        )
+        await stub.CreateAddress(
+            resources_pb2.Address(
+                metadata=resources_pb2.Metadata(name="orders", space="shop"),
+                spec=resources_pb2.AddressSpec(
+                    address="orders", type="queue", plan="standard-small-queue"
+                ),
+            ),
+            timeout=5,
+        )
+        await place_like_the_storage_controller(stub, "orders", broker="broker-0")
+        names = {"calls", "news", "orders"}
+        await all_active(stub, names)
+
+        killed_at = time.monotonic()
+        os.kill(router.pid, signal.SIGKILL)
+        while any(s.phase == "Active" for s in (await statuses(stub)).values()):
+            assert time.monotonic() - killed_at < 10, await statuses(stub)
+            await asyncio.sleep(0.01)
+        took = time.monotonic() - killed_at
+        print(f"\nSIGKILL of router r0 -> every address of its space out of Active: {took:.3f} s")
+        router.process.wait(10)
+
+        lost = await statuses(stub)
+        reason = "waiting for router r0: unreachable"
+        assert {n: s.phase for n, s in lost.items()} == dict.fromkeys(names, "Configuring")
+        assert [list(lost[n].messages) for n in ("calls", "news")] == [[reason], [reason]]
+        # the queue keeps the storage-controller's messages, the agent's reason after them
+        assert list(lost["orders"].messages) == [
+            "placed on broker broker-0",
+            "broker ready: broker-0",
+            reason,
+        ]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{agent.port}") as agent_channel:
+            api = router_agent_pb2_grpc.RouterAgentStub(agent_channel)
+            topology = await api.GetTopology(router_agent_pb2.TopologyRequest(), timeout=5)
+        (state,) = topology.spaces[0].routers
+        assert (state.reachable, state.applied_generation) == (False, 0)
+        assert 0 < state.confirmed_at <= time.time()
+
+        # the same router again, on the same ports: it starts with nothing, gets it all back
+        back = routers.start(
+            "r0",
+            amqp_port=router.amqp_port,
+            inter_router_port=router.inter_router_port,
+            extra_args=("--admin-port", str(router.admin_port)),
+        )
+        await all_active(stub, names)
+        running = back.admin().GetConfig(router_pb2.GetConfigRequest(), timeout=5)
+        assert sorted(a.address for a in running.addresses) == sorted(names)
+        again = await statuses(stub)
+        assert list(again["orders"].messages) == [
+            "placed on broker broker-0",
+            "broker ready: broker-0",
+        ]
+        assert all(list(again[n].messages) == [] for n in ("calls", "news"))

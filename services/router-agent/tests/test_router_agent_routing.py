@@ -355,3 +355,117 @@ def test_agent_and_storage_controller_reach_a_fixed_point() -> None:
         "placed on broker broker-0",
         "broker ready: broker-0",
     ]
+
+
+# ------------------------------------------------------- a lost router: phases tell the truth
+
+
+def test_an_unreachable_router_holds_back_every_address_whatever_it_answered_before() -> None:
+    addresses = ALL_TYPES[:3]
+    since = {"orders-rr": 100, "news": 100, "orders": 300}
+    applied = {"r0": 300, "r1": 300, "r2": 300}  # what each answered before r1 was lost
+    phases = readiness(
+        addresses=addresses,
+        held_back={},
+        since=since,
+        applied=applied,
+        routers=ROUTERS,
+        unreachable={"r1"},
+    )
+    assert set(phases.values()) == {Readiness("Configuring", "waiting for router r1: unreachable")}
+    applied["r2"] = 100  # one behind, one lost: both named, the lost one says so
+    phases = readiness(
+        addresses=addresses,
+        held_back={},
+        since=since,
+        applied=applied,
+        routers=ROUTERS,
+        unreachable={"r1"},
+    )
+    assert phases["orders"] == Readiness("Configuring", "waiting for router r1: unreachable, r2")
+    assert phases["news"] == Readiness("Configuring", "waiting for router r1: unreachable")
+    assert space_readiness(
+        generation=300, applied=applied, routers=ROUTERS, unreachable={"r1"}
+    ) == Readiness("Configuring", "waiting for router r1: unreachable, r2")
+
+
+def placed_queue(*, phase: str, messages: tuple[str, ...]) -> resources_pb2.Address:
+    return address(
+        "orders", "queue", placed=(("broker-0", "Active"),), phase=phase, messages=messages
+    )
+
+
+CONTROLLER_SAYS = ("placed on broker broker-0", "broker ready: broker-0")
+LOST = Readiness("Configuring", "waiting for router r0: unreachable")
+
+
+def test_a_stored_active_address_is_lowered_when_a_router_is_lost_and_raised_when_back() -> None:
+    orders = placed_queue(phase="Active", messages=CONTROLLER_SAYS)
+    lowered = status_to_write(orders, LOST)
+    assert lowered is not None
+    assert (lowered.status.phase, list(lowered.status.messages)) == (
+        "Configuring",
+        [*CONTROLLER_SAYS, "waiting for router r0: unreachable"],
+    )
+    assert [(b.broker, b.state) for b in lowered.brokers] == [("broker-0", "Active")]
+    orders.status.CopyFrom(lowered)
+    assert status_to_write(orders, LOST) is None  # said once
+    # back, but behind: the reason follows what the agent knows now
+    behind = status_to_write(orders, Readiness("Configuring", "waiting for router r0"))
+    assert behind is not None
+    assert list(behind.status.messages) == [*CONTROLLER_SAYS, "waiting for router r0"]
+    orders.status.CopyFrom(behind)
+    raised = status_to_write(orders, Readiness("Active"))
+    assert raised is not None
+    assert (raised.status.phase, list(raised.status.messages)) == ("Active", list(CONTROLLER_SAYS))
+
+
+def test_the_storage_controllers_own_configuring_is_never_taken_over() -> None:
+    # placed and ready, never Active yet: the controller's Configuring stays as it wrote it
+    fresh = placed_queue(phase="Configuring", messages=CONTROLLER_SAYS)
+    assert status_to_write(fresh, LOST) is None
+    # a broker lacking the address, a quota: the controller's verdict, router lost or not
+    waiting = address(
+        "orders",
+        "queue",
+        placed=(("broker-0", "Active"),),
+        phase="Active",
+        messages=CONTROLLER_SAYS,
+        waiting=("broker-0",),
+    )
+    assert status_to_write(waiting, LOST) is None
+    pending = placed_queue(phase="Pending", messages=("quota exceeded",))
+    assert status_to_write(pending, LOST) is None
+    # a route held back for want of its broker: the controller says so, not the agent
+    held = status_to_write(
+        placed_queue(phase="Active", messages=CONTROLLER_SAYS),
+        Readiness("Configuring", "waiting for broker: broker-0"),
+    )
+    assert held is None
+
+
+def test_a_lost_router_and_the_storage_controller_reach_a_fixed_point() -> None:
+    """Router lost, then back: each writes on top of the other's last write, and both stop."""
+    from enmasse.storage_controller.placement import Placement
+    from enmasse.storage_controller.statuses import address_status
+
+    placement = Placement(space="shop", addresses={"orders": ("broker-0",)})
+    orders = address("orders", "queue")
+    writes = []
+    rounds = [Readiness("Active")] * 3 + [LOST] * 3 + [Readiness("Active")] * 3
+    for wanted in rounds:
+        controller = address_status(address=orders, placement=placement, ready={"broker-0"})
+        if controller != orders.status:
+            orders.status.CopyFrom(controller)
+            writes.append(("controller", controller.status.phase))
+        agent = status_to_write(orders, wanted)
+        if agent is not None:
+            orders.status.CopyFrom(agent)
+            writes.append(("agent", agent.status.phase))
+    assert writes == [
+        ("controller", "Configuring"),  # placed, broker ready
+        ("agent", "Active"),
+        ("agent", "Configuring"),  # router lost: once, and the controller leaves it
+        ("agent", "Active"),  # back
+    ]
+    assert list(orders.status.status.messages) == list(CONTROLLER_SAYS)

@@ -183,3 +183,44 @@ def test_a_brokered_space_publishes_its_brokers_endpoint_once_it_answers() -> No
     assert list(active.status.messages) == ["broker ready: jms-broker-0"]
     assert active.status.observed_generation == 2
     assert [(e.name, e.host, e.port) for e in active.endpoints] == [("amqp", "127.0.0.1", 5999)]
+
+
+def test_a_status_the_router_agent_lowered_is_left_with_its_reason() -> None:
+    """The router-agent takes an Active address back to Configuring when a router loses it:
+    what this controller would write, plus its reason after. Left as it is, so that neither
+    undoes the other's write; a placement that changed is written anew, without it."""
+    lowered = resources_pb2.AddressStatus(
+        status={
+            "phase": "Configuring",
+            "messages": [
+                "placed on broker shop-broker-0",
+                "broker ready: shop-broker-0",
+                "waiting for router router-0: unreachable",
+            ],
+            "observed_generation": 3,
+        },
+        brokers=[{"broker": "shop-broker-0", "state": "Active"}],
+    )
+    kept = address_status(
+        address=address("orders", status=lowered), placement=PLACEMENT, ready={"shop-broker-0"}
+    )
+    assert kept == lowered
+    # the broker lost the address meanwhile: this controller's verdict replaces the agent's
+    lacking = address_status(
+        address=address("orders", status=lowered), placement=PLACEMENT, ready=set()
+    )
+    assert summary(lacking)[1] == [
+        "placed on broker shop-broker-0",
+        "waiting for broker: shop-broker-0",
+    ]
+    # other messages first are not ours: written anew
+    foreign = resources_pb2.AddressStatus()
+    foreign.CopyFrom(lowered)
+    foreign.status.messages[:] = ["something else", *lowered.status.messages]
+    rewritten = address_status(
+        address=address("orders", status=foreign), placement=PLACEMENT, ready={"shop-broker-0"}
+    )
+    assert summary(rewritten)[1] == [
+        "placed on broker shop-broker-0",
+        "broker ready: shop-broker-0",
+    ]

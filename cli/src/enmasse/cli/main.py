@@ -1,7 +1,8 @@
 """The `enmasse` command: wiring of the verbs to the modules that do the work.
 
     enmasse up [--demo] | down | status          the local system under supervisord (local/)
-    enmasse send ADDRESS | receive ADDRESS       AMQP through a space's router (messaging.py)
+    enmasse send ADDRESS | receive ADDRESS       AMQP through a space's router (messaging.py;
+                                                 --user NAME logs in as a MessagingUser)
     enmasse apply -f FILE|DIR [--space S]        manifests -> one atomic Apply per scope (apply.py)
     enmasse get KIND [NAME] [--space S] [-o table|yaml|json]
     enmasse delete KIND NAME [--space S]
@@ -438,10 +439,22 @@ def _echo_endpoints(client: ConfigClient) -> None:
             click.echo(f"{space.metadata.name}: {endpoint.name} {endpoint.host}:{endpoint.port}")
 
 
-def _demo_round(client: ConfigClient, *, space: str) -> bool:
+def _demo_login(folder: Path, *, space: str) -> messaging.Login | None:
+    """The user the examples declare for the demo space: the demo's clients log in as it."""
+    users = [
+        object_of(manifest.resource)
+        for manifest in load_paths([str(folder)]).manifests
+        if kind_of(manifest.resource) == "MessagingUser"
+    ]
+    return messaging.demo_login(users, space=space)
+
+
+def _demo_round(client: ConfigClient, *, space: str, login: messaging.Login | None) -> bool:
     endpoint = messaging.space_endpoint(client.get(KINDS["AddressSpace"], name=space).address_space)
     addresses = [w.address for w in client.list(KINDS["Address"], space=space)]
-    results = [messaging.demo_one(endpoint, a) for a in messaging.demo_addresses(addresses)]
+    results = [
+        messaging.demo_one(endpoint, a, login=login) for a in messaging.demo_addresses(addresses)
+    ]
     for result in results:
         click.echo(result.line())
     return all(r.ok for r in results)
@@ -483,8 +496,27 @@ def up(settings: Settings, demo: bool, examples: str | None) -> None:
         _print_spaces_and_addresses(settings, server=address)
         _echo_endpoints(client)
         click.echo("")
-        if not _demo_round(client, space=space):
+        if not _demo_round(client, space=space, login=_demo_login(folder, space=space)):
             raise CliError("the demo round failed (see above)")
+
+
+def _login_options(command: click.decorators.FC) -> click.decorators.FC:
+    """--user and --password: the MessagingUser send and receive log in as (SCRAM when the
+    router offers it); without --user the client comes in anonymously, if the plan allows."""
+    command = click.option(
+        "--password",
+        envvar="ENMASSE_PASSWORD",
+        help="the user's password (or $ENMASSE_PASSWORD)",
+    )(command)
+    return click.option("--user", metavar="NAME", help="log in as this MessagingUser")(command)
+
+
+def _login(user: str | None, password: str | None) -> messaging.Login | None:
+    if user is None:
+        return None
+    if password is None:
+        raise CliError("--user needs --password (or $ENMASSE_PASSWORD)")
+    return messaging.Login(user=user, password=password)
 
 
 @cli.command()
@@ -501,6 +533,7 @@ def up(settings: Settings, demo: bool, examples: str | None) -> None:
 @click.option(
     "--trace", is_flag=True, help="trace each message (OTLP-JSON under $ENMASSE_VAR/traces)"
 )
+@_login_options
 @pass_settings
 def send(
     settings: Settings,
@@ -513,6 +546,8 @@ def send(
     ttl: int | None,
     wait_s: float,
     trace: bool,
+    user: str | None,
+    password: str | None,
 ) -> None:
     """Send COUNT messages to ADDRESS through a router of the space; print their outcome."""
     endpoint, kind = _messaging_target(settings, space=space, address=address, url=url)
@@ -525,6 +560,7 @@ def send(
         ttl=ttl,
         timeout=wait_s,
         trace_space=space if trace else None,
+        login=_login(user, password),
     )
     click.echo(messaging.sent_line(count=count, kind=kind, address=address, outcomes=outcomes))
     if any(o is not messaging.Outcome.ACCEPTED for o in outcomes):
@@ -543,6 +579,7 @@ def send(
 @click.option(
     "--trace", is_flag=True, help="trace each message (OTLP-JSON under $ENMASSE_VAR/traces)"
 )
+@_login_options
 @pass_settings
 def receive(
     settings: Settings,
@@ -553,6 +590,8 @@ def receive(
     wait_s: float,
     durable_subscription: str | None,
     trace: bool,
+    user: str | None,
+    password: str | None,
 ) -> None:
     """Receive up to COUNT messages from ADDRESS (accepting each); print their bodies."""
     endpoint, _kind = _messaging_target(settings, space=space, address=address, url=url)
@@ -563,6 +602,7 @@ def receive(
         timeout=wait_s,
         subscription=durable_subscription,
         trace_space=space if trace else None,
+        login=_login(user, password),
     )
     for text in bodies:
         click.echo(text)

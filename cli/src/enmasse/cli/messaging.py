@@ -6,6 +6,11 @@ received, "queue  orders  sent 1, received 1  ok") and `CliError`s with the rout
 when it says no (amqp:not-found for an address that does not exist) or "no message within 5 s".
 
 Built on the blocking `Client` of enmasse.amqp: one connection per verb, closed at the end.
+Routers let no one in without a user unless the space plan says so, so a verb logs in as a
+MessagingUser (`Login`, `--user`): with SCRAM-SHA-512 or -256 when the router offers them, else
+PLAIN (which a router offers only over TLS unless the plan allows it); the demo round logs in as
+the user the examples declare for the demo space (`demo_login`). Without a login the client comes
+in anonymously, which only a plan that allows it lets through.
 An anycast producer's outcome is the consumer's acceptance, so the demo sends asynchronously and
 settles on the receiving side before it waits for that outcome (one thread does both).
 Every loop is bounded by a count and a deadline.
@@ -17,11 +22,11 @@ import contextlib
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from enmasse.amqp import codec, message_trace
+from enmasse.amqp import codec, message_trace, sasl
 from enmasse.amqp.client import AmqpError, Client, Receiver
 from enmasse.amqp.wire import Outcome, Terminus
 from enmasse.cli.client import CliError
@@ -81,9 +86,40 @@ def body_text(payload: bytes) -> str:
     return "" if body is None else str(body)
 
 
-def _connect(endpoint: Endpoint, *, timeout: float, container_id: str | None = None) -> Client:
+@dataclass(frozen=True)
+class Login:
+    """Who a verb logs in as: a MessagingUser of the space and its password."""
+
+    user: str
+    password: str = field(repr=False)
+
+
+def demo_login(users: Iterable[resources_pb2.MessagingUser], *, space: str) -> Login | None:
+    """The first user the examples declare for `space` with a password (a manifest carries it in
+    clear; the store keeps only its hash and SCRAM keys); None when they declare none."""
+    for user in users:
+        if user.metadata.space == space and user.spec.username and user.spec.password:
+            return Login(user=user.spec.username, password=user.spec.password)
+    return None
+
+
+def _connect(
+    endpoint: Endpoint,
+    *,
+    timeout: float,
+    container_id: str | None = None,
+    login: Login | None = None,
+) -> Client:
     try:
-        return Client(endpoint.host, endpoint.port, timeout=timeout, container_id=container_id)
+        return Client(
+            endpoint.host,
+            endpoint.port,
+            timeout=timeout,
+            container_id=container_id,
+            user=login.user if login is not None else None,
+            password=login.password if login is not None else None,
+            mechanisms=sasl.CLIENT_MECHANISMS if login is not None else None,
+        )
     except (OSError, AmqpError, FutureTimeout) as error:
         raise CliError(f"cannot connect to {endpoint}: {error or 'timed out'}") from None
 
@@ -112,12 +148,13 @@ def send(
     ttl: int | None = None,
     timeout: float = 5.0,
     trace_space: str | None = None,
+    login: Login | None = None,
 ) -> list[Outcome]:
     """Sends `count` messages, each settled before the next; their outcomes. With
     `trace_space`, each message is a trace of its own (`amqp.send`, traceparent inside)."""
     payload = codec.encode_message(body, durable=durable, ttl=ttl)
     tracer = _tracer(trace_space)
-    client = _connect(endpoint, timeout=timeout)
+    client = _connect(endpoint, timeout=timeout, login=login)
     try:
         sender = client.sender(address)
         outcomes = []
@@ -173,11 +210,12 @@ def receive(
     timeout: float = 5.0,
     subscription: str | None = None,
     trace_space: str | None = None,
+    login: Login | None = None,
 ) -> list[str]:
     """Up to `count` bodies within `timeout` seconds in all, each accepted; CliError when none
     came. With `subscription`, a durable subscription of that name (container and link)."""
     tracer = _tracer(trace_space)
-    client = _connect(endpoint, timeout=timeout, container_id=subscription)
+    client = _connect(endpoint, timeout=timeout, container_id=subscription, login=login)
     try:
         receiver = client.receiver(
             address,
@@ -280,12 +318,19 @@ def demo_addresses(addresses: Sequence[resources_pb2.Address]) -> list[DemoAddre
     return chosen
 
 
-def demo_one(endpoint: Endpoint, target: DemoAddress, *, timeout: float = 10.0) -> DemoResult:
-    """Sends one message to the address (its topic for a subscription) and reads it back."""
+def demo_one(
+    endpoint: Endpoint,
+    target: DemoAddress,
+    *,
+    timeout: float = 10.0,
+    login: Login | None = None,
+) -> DemoResult:
+    """Sends one message to the address (its topic for a subscription) and reads it back,
+    logged in as `login` (the demo user)."""
     body = f"hello {target.kind} {uuid.uuid4().hex[:8]}"
     sent = received = 0
-    consumer = _connect(endpoint, timeout=timeout)
-    producer = _connect(endpoint, timeout=timeout)
+    consumer = _connect(endpoint, timeout=timeout, login=login)
+    producer = _connect(endpoint, timeout=timeout, login=login)
     try:
         # The receiver first: topic, anycast and multicast give nothing to the absent.
         receiver = consumer.receiver(target.address, credit=10)

@@ -37,12 +37,14 @@ from typing import Any
 
 import grpc
 import structlog
-from enmasse.common.credentials import TokenSource, config_channel
+from enmasse.common.certificates import TlsFiles
+from enmasse.common.credentials import TokenSource, config_channel, peer_channel
 from enmasse.resources.discovery import Directory
 from enmasse.resources.informer import Informer
 from enmasse.resources.kinds import object_of
 from enmasse.router_agent.push import RouterSession
 from enmasse.router_agent.routing import (
+    LoginPolicy,
     Readiness,
     SpaceRouting,
     address_routes,
@@ -79,12 +81,14 @@ class RouterAgent:
         config_target: str | Callable[[], str],
         directory: Directory,
         token: TokenSource | None = None,
+        tls: TlsFiles | None = None,
         tick: float = 0.5,
         probe_every: float = 1.0,
         workloads: RouterWorkloads | None = None,
     ) -> None:
         self._config_target = config_target
         self._token = token
+        self._tls = tls  # this agent's certificate: to config and to every RouterAdmin
         self.directory = directory
         self.workloads = workloads
         self.tick = tick
@@ -93,6 +97,7 @@ class RouterAgent:
             target=config_target,
             kinds=["Address", "AddressSpace", "MessagingUser", "AddressSpacePlan"],
             token=token,
+            tls=tls,
             with_secrets=True,  # the users' password hashes, for the routers to check logins
             on_added=self._changed,
             on_modified=self._changed,
@@ -180,7 +185,7 @@ class RouterAgent:
         if self._channel is None or self._channel_target != target:
             if self._channel is not None:
                 await self._channel.close()
-            self._channel = config_channel(target, token=self._token)
+            self._channel = config_channel(target, token=self._token, tls=self._tls)
             self._channel_target = target
         return config_pb2_grpc.ConfigServiceStub(self._channel)
 
@@ -211,6 +216,7 @@ class RouterAgent:
             floor=ahead,
             users=users,
             quotas=plan.address_space_plan.spec.quotas if plan is not None else None,
+            logins=LoginPolicy.of(plan.address_space_plan if plan is not None else None),
         )
         await self._converge(routing, sessions, probe=probe)
         applied = {router_id: s.applied for router_id, s in sessions.items()}
@@ -268,7 +274,9 @@ class RouterAgent:
                 del sessions[router_id]
         for router_id, endpoint in wanted.items():
             if router_id not in sessions:
-                session = RouterSession(space=space, endpoint=endpoint, on_change=self._wake.set)
+                session = RouterSession(
+                    space=space, endpoint=endpoint, on_change=self._wake.set, tls=self._tls
+                )
                 session.watch()
                 sessions[router_id] = session
         return sessions

@@ -20,13 +20,21 @@ Rules:
   close its clients' links, and the router re-attaches to the broker by itself;
 - a subscription reads a topic: the router wants the topic's AMQP address, the spec names the
   topic's resource, so it is translated here;
-- the space's MessagingUsers go to every router as (username, stored scrypt hash), so a router
-  started with `--client-auth optional|required` checks SASL PLAIN logins itself; a user added,
-  removed or given a new password is a new generation like a changed route;
+- the space plan's quotas become every router's limits (`router_limits`): the space's
+  connections and one user's connections split across its routers (ceil(max / routers) each),
+  message size and links per connection as they are; a changed plan is a new generation;
+- the space's MessagingUsers go to every router as (username, stored scrypt hash, SCRAM keys,
+  authorization rules), so a router started with `--client-auth optional|required` checks SCRAM
+  and PLAIN logins and each logged-in user's attaches itself; a user added, removed, given a new
+  password or new rules is a new generation like a changed route; the plan's login policy
+  (`LoginPolicy`: ANONYMOUS? PLAIN without TLS?) goes with them, and a changed one is a new
+  generation too;
 - an address is Active only when every router of its space runs a generation that includes its
   current route. `SpaceRouting` remembers, per address, the generation in which its route last
   changed, so a router that applied an older generation holds an address back, and one that
-  applied a newer generation counts.
+  applied a newer generation counts. A router the agent cannot reach holds back every address
+  of its space, whatever it answered before: a phase says what the routers run now, and the
+  message names the router (`waiting for router r0: unreachable`).
 
 Everything here is pure (plain values in, plain values out): the agent's loop and its tests share
 it without a network.
@@ -35,7 +43,7 @@ it without a network.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from enmasse.resources.contracts import (
@@ -51,12 +59,17 @@ from enmasse.resources.discovery import BrokerEndpoint, RouterEndpoint
 from enmasse.v1 import resources_pb2, router_pb2
 
 BROKER_NOT_READY = "waiting for broker:"  # held back: every placed broker waits for the address
+WAITING_FOR_ROUTER = "waiting for router"
+NO_ROUTER = "no router of the space is running"
+UNREACHABLE = "unreachable"
 AGENT_REASONS = (
     "waiting for a broker placement",
     "no known endpoint yet for broker",
-    "waiting for router",
-    "no router of the space is running",
+    WAITING_FOR_ROUTER,
+    NO_ROUTER,
 )
+"""Every reason the agent gives starts with one of these (its own messages, told apart from the
+storage-controller's when it rewrites a stored address's status)."""
 
 
 @dataclass(frozen=True)
@@ -172,21 +185,77 @@ def config_for(
     routers: Sequence[RouterEndpoint],
     generation: int,
     users: Sequence[router_pb2.RouterUser] = (),
+    limits: router_pb2.RouterLimits | None = None,
+    logins: LoginPolicy | None = None,
 ) -> router_pb2.RouterConfig:
+    logins = logins or LoginPolicy()
     return router_pb2.RouterConfig(
         generation=generation,
         space=space,
         addresses=[routes[name] for name in sorted(routes)],
         peers=mesh_peers(router_id=router_id, routers=routers),
         users=users,
+        limits=limits,
+        allow_anonymous=logins.allow_anonymous,
+        allow_plain_without_tls=logins.allow_plain_without_tls,
     )
 
 
+@dataclass(frozen=True)
+class LoginPolicy:
+    """How clients may log in to a space, as its plan says: every router's RouterConfig carries
+    it (the routers run `--client-auth required`: SCRAM always, PLAIN over TLS, and these)."""
+
+    allow_anonymous: bool = False
+    allow_plain_without_tls: bool = False
+
+    @classmethod
+    def of(cls, plan: resources_pb2.AddressSpacePlan | None) -> LoginPolicy:
+        """A missing plan allows nothing more."""
+        if plan is None:
+            return cls()
+        spec = plan.spec
+        return cls(
+            allow_anonymous=spec.allow_anonymous,
+            allow_plain_without_tls=spec.allow_plain_without_tls,
+        )
+
+
+def router_limits(quotas: resources_pb2.Quotas, *, routers: int) -> router_pb2.RouterLimits:
+    """What each of a space's `routers` enforces of its plan's quotas (0: no limit).
+
+    A space-wide count (the space's connections, one user's connections) is split across the
+    routers: each takes ceil(max / routers), so the space holds at most the plan's max plus
+    routers - 1, and never 0 (which a router reads as "no limit") while the plan says a number.
+    A router whose share is taken turns clients away even while another has room: clients
+    spread over the routers (the space's endpoint balances them). Per-connection and
+    per-message limits go to every router as they are."""
+    return router_pb2.RouterLimits(
+        max_connections=_share(quotas.max_connections, routers=routers),
+        max_connections_per_user=_share(quotas.max_connections_per_user, routers=routers),
+        max_message_size=quotas.max_message_size,
+        max_links_per_connection=quotas.max_links_per_connection,
+    )
+
+
+def _share(limit: int, *, routers: int) -> int:
+    return -(-limit // max(routers, 1)) if limit > 0 else 0
+
+
 def router_users(users: Iterable[resources_pb2.MessagingUser]) -> tuple[router_pb2.RouterUser, ...]:
-    """The space's users as routers check them, by username; a user without a stored hash
-    (none yet) cannot log in and is left out."""
+    """The space's users as routers check them, by username, each with its authorization rules
+    as the MessagingUser says them; a user without a stored hash (none yet) cannot log in and is
+    left out."""
     return tuple(
-        router_pb2.RouterUser(username=u.spec.username, password_hash=u.spec.password_hash)
+        router_pb2.RouterUser(
+            username=u.spec.username,
+            password_hash=u.spec.password_hash,
+            scram_credentials=u.spec.scram_credentials,
+            authorization=[
+                router_pb2.RouterRule(addresses=rule.addresses, operations=rule.operations)
+                for rule in u.spec.authorization
+            ],
+        )
         for u in sorted(users, key=lambda u: u.spec.username)
         if u.spec.username and u.spec.password_hash
     )
@@ -207,11 +276,14 @@ def readiness(
     since: Mapping[str, int],
     applied: Mapping[str, int],
     routers: Sequence[RouterEndpoint],
+    unreachable: Collection[str] = (),
 ) -> dict[str, Readiness]:
     """The phase of every address of a space.
 
     `since`: address -> the generation in which its current route first appeared; `applied`:
-    router id -> the generation that router answered it runs (missing: never applied)."""
+    router id -> the generation that router answered it runs (missing: never applied);
+    `unreachable`: the routers the agent cannot reach now, behind whatever they last answered
+    (a router that comes back may be a restarted one, running nothing)."""
     found: dict[str, Readiness] = {}
     for address in addresses:
         name = address.metadata.name
@@ -220,13 +292,15 @@ def readiness(
         if name in held_back:
             found[name] = Readiness(CONFIGURING, held_back[name])
         elif not routers:
-            found[name] = Readiness(CONFIGURING, "no router of the space is running")
+            found[name] = Readiness(CONFIGURING, NO_ROUTER)
         else:
-            behind = sorted(
-                r.router_id for r in routers if applied.get(r.router_id, 0) < since.get(name, 1)
-            )
+            behind = [
+                r.router_id
+                for r in routers
+                if r.router_id in unreachable or applied.get(r.router_id, 0) < since.get(name, 1)
+            ]
             found[name] = (
-                Readiness(CONFIGURING, f"waiting for router {', '.join(behind)}")
+                Readiness(CONFIGURING, waiting_for_routers(behind, unreachable=unreachable))
                 if behind
                 else Readiness(ACTIVE)
             )
@@ -234,14 +308,29 @@ def readiness(
 
 
 def space_readiness(
-    *, generation: int, applied: Mapping[str, int], routers: Sequence[RouterEndpoint]
+    *,
+    generation: int,
+    applied: Mapping[str, int],
+    routers: Sequence[RouterEndpoint],
+    unreachable: Collection[str] = (),
 ) -> Readiness:
     if not routers:
-        return Readiness(PENDING, "no router of the space is running")
-    behind = sorted(r.router_id for r in routers if applied.get(r.router_id, 0) < generation)
+        return Readiness(PENDING, NO_ROUTER)
+    behind = [
+        r.router_id
+        for r in routers
+        if r.router_id in unreachable or applied.get(r.router_id, 0) < generation
+    ]
     if behind:
-        return Readiness(CONFIGURING, f"waiting for router {', '.join(behind)}")
+        return Readiness(CONFIGURING, waiting_for_routers(behind, unreachable=unreachable))
     return Readiness(ACTIVE)
+
+
+def waiting_for_routers(behind: Iterable[str], *, unreachable: Collection[str] = ()) -> str:
+    """`waiting for router r0: unreachable, r1`: which routers, and which of them are lost.
+    Stable while nothing changes (no error details, no times), so a long outage writes once."""
+    named = [f"{r}: {UNREACHABLE}" if r in unreachable else r for r in sorted(behind)]
+    return f"{WAITING_FOR_ROUTER} {', '.join(named)}"
 
 
 def next_generation(previous: int, *, now_ms: int | None = None) -> int:
@@ -266,6 +355,8 @@ class SpaceRouting:
     routers: tuple[RouterEndpoint, ...] = ()
     since: dict[str, int] = field(default_factory=dict)
     users: tuple[router_pb2.RouterUser, ...] = ()
+    quotas: resources_pb2.Quotas = field(default_factory=resources_pb2.Quotas)
+    logins: LoginPolicy = LoginPolicy()
 
     def update(
         self,
@@ -276,6 +367,8 @@ class SpaceRouting:
         floor: int = 0,
         now_ms: int | None = None,
         users: Sequence[router_pb2.RouterUser] = (),
+        quotas: resources_pb2.Quotas | None = None,
+        logins: LoginPolicy | None = None,
     ) -> bool:
         """True when the generation moved (every router must get the new configuration)."""
         self.held_back = dict(held_back)
@@ -297,8 +390,14 @@ class SpaceRouting:
         self.routers = ordered
         users_changed = tuple(users) != self.users
         self.users = tuple(users)
+        quotas = quotas if quotas is not None else resources_pb2.Quotas()
+        limits_changed = quotas != self.quotas  # (the router count is in peers_changed)
+        self.quotas = quotas
+        logins = logins or LoginPolicy()
+        limits_changed = limits_changed or logins != self.logins  # the plan changed either way
+        self.logins = logins
         # A router running a generation above ours (pushed by an earlier agent) forces a bump.
-        moved = changed or removed or peers_changed or users_changed
+        moved = changed or removed or peers_changed or users_changed or limits_changed
         if not (moved or floor > self.generation or not self.generation):
             return False
         self.generation = next_generation(max(self.generation, floor), now_ms=now_ms)
@@ -317,6 +416,8 @@ class SpaceRouting:
             routers=self.routers,
             generation=self.generation,
             users=self.users,
+            limits=router_limits(self.quotas, routers=len(self.routers)),
+            logins=self.logins,
         )
 
 
@@ -336,10 +437,14 @@ def status_to_write(
     - direct addresses (anycast, multicast) are the agent's alone: phase and message;
     - a stored address nobody has spoken of yet (no placement, no phase) gets the agent's
       Configuring and its reason;
-    - a placed stored address is set Active, and only that, once every router runs it and the
-      storage-controller says its brokers hold it (none of them `waiting`); its messages stay,
-      except the agent's own earlier reasons. Anything else is the storage-controller's verdict
-      and is left as it is, so the two never overwrite each other back and forth.
+    - a placed stored address whose brokers hold it (none of them `waiting`) is the agent's to
+      move between Configuring and Active: Active once every router runs it, back to
+      Configuring when one does not any more (lost, restarted), with the agent's reason AFTER
+      the storage-controller's messages, which stay. A status the agent lowered keeps its
+      reason up to date. The storage-controller leaves such a status as it is (its own
+      messages first, its placement unchanged), and the agent never touches a status the
+      storage-controller lowered for its own reasons (a broker waiting, Pending, Failed), so
+      the two never overwrite each other back and forth.
     """
     current = address.status
     desired = resources_pb2.AddressStatus()
@@ -354,12 +459,26 @@ def status_to_write(
         desired.status.phase = wanted.phase
         desired.status.messages[:] = [wanted.message] if wanted.message else []
     else:
-        if wanted.phase != ACTIVE or current.status.phase in (ACTIVE, PENDING, FAILED):
+        if current.status.phase in (PENDING, FAILED) or any(b.waiting for b in current.brokers):
             return None
-        if any(b.waiting for b in current.brokers):
+        theirs = [m for m in current.status.messages if not m.startswith(AGENT_REASONS)]
+        if wanted.phase == ACTIVE:
+            if current.status.phase == ACTIVE:
+                return None
+            desired.status.phase = ACTIVE
+            desired.status.messages[:] = theirs
+        elif wanted.message.startswith(AGENT_REASONS) and (
+            current.status.phase == ACTIVE or lowered_by_agent(current)
+        ):
+            desired.status.phase = CONFIGURING
+            desired.status.messages[:] = [*theirs, wanted.message]
+        else:
             return None
-        desired.status.phase = ACTIVE
-        desired.status.messages[:] = [
-            m for m in current.status.messages if not m.startswith(AGENT_REASONS)
-        ]
     return desired if desired != current else None
+
+
+def lowered_by_agent(status: resources_pb2.AddressStatus) -> bool:
+    """A stored address the agent took back to Configuring (its reason is in the messages)."""
+    return status.status.phase == CONFIGURING and any(
+        m.startswith(AGENT_REASONS) for m in status.status.messages
+    )

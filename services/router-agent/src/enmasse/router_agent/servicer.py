@@ -1,8 +1,9 @@
 """RouterAgent gRPC: what the agent knows about each space's router network, for people and tools.
 
 In: `GetTopology` (a space or all) and `GetAddressStats` (a space, an address or all). Out: the
-routers with the generation the agent wants and the one each answered, their mesh peers and why
-one is behind; per-address counters summed over the routers of the space (RouterAdmin.GetStats).
+routers with the generation the agent wants and the one each answered (and when it last
+confirmed it), their mesh peers and why one is behind; per-address counters summed over the
+routers of the space (RouterAdmin.GetStats).
 A thin layer: the answers come from `RouterAgent`, which owns the state.
 """
 
@@ -44,6 +45,7 @@ class RouterAgentServicer(router_agent_pb2_grpc.RouterAgentServicer):
                             reachable=s.reachable,
                             peers=s.peers,
                             error=s.error,
+                            confirmed_at=s.confirmed_at,
                         )
                         for s in sorted(sessions, key=lambda s: s.endpoint.router_id)
                     ],

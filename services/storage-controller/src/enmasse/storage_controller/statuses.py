@@ -8,10 +8,12 @@ The division of labour with the router-agent: this controller writes `status.bro
 broker with state Active, or Draining while the address's messages leave it) and the phase up to
 Configuring; in a standard space `Active` is the router-agent's to set, once every router runs
 the address. So an Active address whose brokers did not change and whose brokers all hold it is
-left exactly as it is. Whether a placed broker holds the address yet is said in the placement
-itself: an Active broker that lacks it is `waiting` (with a `reason`), which the router-agent
-reads to keep it out of the route; a Draining broker holds what it drains and never waits. The
-flag is a plain function of the placement and `ready`, so an unchanged pass writes nothing.
+left exactly as it is, and so is one the router-agent took back to Configuring because a router
+lost it (what this controller would write, with the agent's reason after it: `says_first`).
+Whether a placed broker holds the address yet is said in the placement itself: an Active
+broker that lacks it is `waiting` (with a `reason`), which the router-agent reads to keep it out
+of the route; a Draining broker holds what it drains and never waits. The flag is a plain
+function of the placement and `ready`, so an unchanged pass writes nothing.
 Messages say the same for people, and are stable: `placed on broker(s) a, b`, then
 `broker ready: a, b` or `waiting for broker: a`, and `draining from broker: c` while messages move.
 
@@ -68,7 +70,17 @@ def address_status(
         messages.append(f"draining from broker: {', '.join(leaving)}")
     # no router will ever report a brokered address: its broker holding it is all there is
     phase = ACTIVE if brokered and active and not waiting and not leaving else CONFIGURING
+    if unchanged and now.status.phase == phase and says_first(now.status.messages, messages):
+        return now  # what we would write, plus the router-agent's reason after it
     return _status(phase, messages, generation=generation, brokers=entries)
+
+
+def says_first(messages: Sequence[str], ours: Sequence[str]) -> bool:
+    """True when `messages` begin with `ours`. The router-agent takes an Active address back to
+    Configuring when a router loses it, and adds its reason after ours (`waiting for router r0:
+    unreachable`); rewriting that status without it would have the two undo each other's
+    writes. Nothing is parsed: ours are compared whole, theirs are never read."""
+    return list(messages[: len(ours)]) == list(ours)
 
 
 WAITING_REASON = "the broker does not hold the address yet"  # the one reason a broker waits
