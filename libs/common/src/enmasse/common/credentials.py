@@ -12,9 +12,13 @@ a service must pick either up without a restart. Until the file exists the calls
 token and the config service answers UNAUTHENTICATED, which the callers already retry like any
 other refusal of a service that is not ready yet.
 
+Transport: given the caller's `TlsFiles` (its `--tls-dir`) a channel speaks TLS, trusts only
+that CA and presents the caller's certificate (mutual TLS: the servers of `enmasse.common.serving`
+require one); `peer_channel` is the same without a token, for RouterAdmin and BrokerAdmin, which
+know their callers by certificate alone. Without TLS files a channel is plaintext, as before.
+
 Why an interceptor and not `grpc.metadata_call_credentials`: call credentials need a secure
-channel, and the control plane speaks plain gRPC inside its cluster network (mTLS is the next
-step of the same issue).
+channel, and without TLS files the channel is plain gRPC (tests, benches); one way for both.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from enmasse.common.certificates import TlsFiles
 
 AUTHORIZATION = "authorization"
 BEARER = "Bearer "
@@ -101,14 +106,40 @@ class _StreamBearer(grpc.aio.UnaryStreamClientInterceptor):
         return await continuation(_with_token(client_call_details, self._token()), request)
 
 
+def channel_credentials(tls: TlsFiles) -> grpc.ChannelCredentials:
+    """TLS trusting only `tls`'s CA, presenting `tls`'s certificate (mutual TLS)."""
+    chain, key, authority = tls.read()
+    return grpc.ssl_channel_credentials(
+        root_certificates=authority, private_key=key, certificate_chain=chain
+    )
+
+
+def peer_channel(
+    target: str,
+    *,
+    tls: TlsFiles | None,
+    options: Sequence[tuple[str, Any]] = (),
+    interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+) -> grpc.aio.Channel:
+    """A grpc.aio channel: mutual TLS with `tls`, plaintext without."""
+    if tls is None:
+        return grpc.aio.insecure_channel(
+            target, options=list(options), interceptors=list(interceptors)
+        )
+    return grpc.aio.secure_channel(
+        target, channel_credentials(tls), options=list(options), interceptors=list(interceptors)
+    )
+
+
 def config_channel(
     target: str,
     *,
     token: TokenSource | None,
     options: Sequence[tuple[str, Any]] = (),
+    tls: TlsFiles | None = None,
 ) -> grpc.aio.Channel:
     """A grpc.aio channel to the config service whose every call carries `token` (when given)."""
     interceptors: list[grpc.aio.ClientInterceptor] = (
         [_UnaryBearer(token), _StreamBearer(token)] if token is not None else []
     )
-    return grpc.aio.insecure_channel(target, options=list(options), interceptors=interceptors)
+    return peer_channel(target, tls=tls, options=options, interceptors=interceptors)

@@ -34,6 +34,7 @@ from typing import Any
 
 import grpc
 import structlog
+from enmasse.common.certificates import TlsFiles
 from enmasse.common.credentials import TokenSource, config_channel
 from enmasse.resources.kinds import Key, key_of, object_of
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
@@ -57,11 +58,13 @@ class Informer:
         max_backoff: float = 2.0,
         token: TokenSource | None = None,
         with_secrets: bool = False,
+        tls: TlsFiles | None = None,
     ) -> None:
         """`target` is host:port of the config service, or a function returning it (asked again
         on every reconnect, so a restarted service on a new port is found)."""
         self._target = target
         self._token = token
+        self._tls = tls  # mutual TLS to the config service (None: plaintext)
         self.with_secrets = with_secrets
         self.kinds = list(kinds)
         self.space = space
@@ -106,7 +109,7 @@ class Informer:
         while True:
             target = self._target() if callable(self._target) else self._target
             try:
-                async with config_channel(target, token=self._token) as channel:
+                async with config_channel(target, token=self._token, tls=self._tls) as channel:
                     stub = config_pb2_grpc.ConfigServiceStub(channel)
                     await self._follow(stub)
             except grpc.aio.AioRpcError as error:

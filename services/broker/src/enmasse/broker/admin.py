@@ -36,6 +36,8 @@ from enmasse.broker.drain import Drain, DrainRefused, Selection, select
 from enmasse.broker.inbox import InboxAddress
 from enmasse.broker.plan import Plan
 from enmasse.broker.queue import Queue
+from enmasse.common.certificates import TlsFiles
+from enmasse.common.credentials import peer_channel
 from enmasse.v1 import broker_pb2, broker_pb2_grpc
 
 log = structlog.get_logger(__name__)
@@ -54,7 +56,15 @@ _CODES: dict[type[AddressError], grpc.StatusCode] = {
 
 
 class BrokerAdmin(broker_pb2_grpc.BrokerAdminServicer):
-    def __init__(self, *, broker: Broker, engine: Engine, start_drain: DrainStarter) -> None:
+    def __init__(
+        self,
+        *,
+        broker: Broker,
+        engine: Engine,
+        start_drain: DrainStarter,
+        tls: TlsFiles | None = None,
+    ) -> None:
+        self._tls = tls  # this broker's certificate, shown to a drain's target
         self._broker = broker
         self._engine = engine
         self._start_drain = start_drain
@@ -177,7 +187,7 @@ class BrokerAdmin(broker_pb2_grpc.BrokerAdminServicer):
                 for a in selection.inbox
             ]
         )
-        async with grpc.aio.insecure_channel(target_admin) as channel:
+        async with peer_channel(target_admin, tls=self._tls) as channel:
             stub = broker_pb2_grpc.BrokerAdminStub(channel)
             try:
                 answer = await stub.PrepareDrain(request, timeout=PREPARE_TIMEOUT)

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 from enmasse.broker.plan import Plan
+from enmasse.common.certificates import TlsFiles
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class Settings:
     idle_timeout: float = 0.0  # seconds; 0: no heartbeat, a silent peer is never dropped
     reap_interval: float = 0.25
     ports_file: Path | None = None
+    tls: TlsFiles | None = None  # BrokerAdmin's mutual TLS (--tls-dir); None: plaintext
     queues: dict[str, Plan] = field(default_factory=dict)
     topics: dict[str, Plan] = field(default_factory=dict)
 

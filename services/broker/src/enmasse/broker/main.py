@@ -26,12 +26,15 @@ from enmasse.broker.config import Settings, load_addresses
 from enmasse.broker.drain import Drain
 from enmasse.broker.handler import Endpoint
 from enmasse.broker.queue import Queue
+from enmasse.common.certificates import BROKER, CONTROL_PLANE, tls_dir_files
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server
 from enmasse.common.tracing import configure_service_tracing
 from enmasse.v1 import broker_pb2_grpc
 
 log = structlog.get_logger("enmasse.broker")
+
+PREPARE_DRAIN = "/enmasse.v1.BrokerAdmin/PrepareDrain"
 
 
 def parse_settings(argv: list[str] | None) -> Settings:
@@ -48,6 +51,11 @@ def parse_settings(argv: list[str] | None) -> Settings:
     p.add_argument("--idle-timeout", type=float, default=30.0, help="seconds; 0: none")
     p.add_argument("--reap-interval", type=float, default=Settings.reap_interval)
     p.add_argument("--ports-file", type=Path, default=None)
+    p.add_argument(
+        "--tls-dir",
+        default=None,
+        help="BrokerAdmin mTLS: tls.crt, tls.key, ca.crt (default $ENMASSE_TLS_DIR; none: plain)",
+    )
     args = p.parse_args(argv)
     queues, topics = load_addresses(args.config) if args.config else ({}, {})
     return Settings(
@@ -62,6 +70,7 @@ def parse_settings(argv: list[str] | None) -> Settings:
         idle_timeout=args.idle_timeout,
         reap_interval=args.reap_interval,
         ports_file=args.ports_file,
+        tls=tls_dir_files(args.tls_dir),
         queues=queues,
         topics=topics,
     )
@@ -83,6 +92,10 @@ def start_admin(*, settings: Settings, servicer: BrokerAdmin) -> int:
             ],
             host=settings.host,
             port=settings.admin_port,
+            tls=settings.tls,
+            caller_roles=(CONTROL_PLANE,),
+            # A draining broker asks its target to prepare: the one call a broker may make.
+            method_roles={PREPARE_DRAIN: (CONTROL_PLANE, BROKER)},
         )
         ready.append(running.port)
         started.set()
@@ -145,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
             after_change=endpoint.schedule_commit,
         )
 
-    servicer = BrokerAdmin(broker=broker, engine=engine, start_drain=start_drain)
+    servicer = BrokerAdmin(broker=broker, engine=engine, start_drain=start_drain, tls=settings.tls)
     admin_port = start_admin(settings=settings, servicer=servicer)
     if settings.ports_file is not None:
         write_ports(settings.ports_file, {"amqp": port, "admin": admin_port, "pid": os.getpid()})

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import structlog
+from enmasse.common.certificates import add_tls_dir_argument, tls_dir_files
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server, until_terminated, write_port_file
 from enmasse.common.tracing import configure_service_tracing
@@ -86,12 +87,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="where the sync writes its status JSON (default: <manifests-dir>/../sync-status.json)",
     )
+    add_tls_dir_argument(parser)
+    parser.add_argument(
+        "--etcd-tls-dir",
+        default=None,
+        help="etcd client mTLS: this service's etcd certificate and etcd's CA (none: plaintext)",
+    )
     return parser.parse_args(argv)
 
 
 async def serve(args: argparse.Namespace) -> None:
     host, _, port = args.listen.rpartition(":")
-    store = Store(endpoints=args.etcd.split(","), prefix=args.prefix)
+    store = Store(
+        endpoints=args.etcd.split(","),
+        prefix=args.prefix,
+        tls=tls_dir_files(args.etcd_tls_dir),
+    )
     auth = bool(args.auth or args.bootstrap_token_file)
     servicer = ConfigServicer(store, auth=auth)
     seeded = 0 if args.no_default_plans else await _until_store_answers(servicer.seed_default_plans)
@@ -111,6 +122,7 @@ async def serve(args: argparse.Namespace) -> None:
         ],
         host=host or "127.0.0.1",
         port=int(port or 0),
+        tls=tls_dir_files(args.tls_dir),
     )
     log.info("serving", port=running.port, etcd=args.etcd, prefix=args.prefix)
     sys.stdout.write(f"listening on {host}:{running.port}\n")

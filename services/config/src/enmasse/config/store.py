@@ -43,6 +43,8 @@ from typing import Any
 import grpc
 import structlog
 from aetcd import rpc
+from enmasse.common.certificates import TlsFiles
+from enmasse.common.credentials import peer_channel
 from enmasse.resources.kinds import KINDS, SPACE_SCOPED_KINDS, AnyObject, Key
 from enmasse.v1 import config_pb2
 
@@ -124,8 +126,15 @@ class Store:
     """The address store over one etcd cluster (a gRPC channel to its endpoints)."""
 
     def __init__(
-        self, *, endpoints: Sequence[str], prefix: str = DEFAULT_PREFIX, timeout: float = 10.0
+        self,
+        *,
+        endpoints: Sequence[str],
+        prefix: str = DEFAULT_PREFIX,
+        timeout: float = 10.0,
+        tls: TlsFiles | None = None,
     ) -> None:
+        """`tls`: config's etcd client certificate and etcd's own CA (etcd runs with
+        --client-cert-auth, and only config holds a certificate of that CA); None: plaintext."""
         self.prefix = prefix.rstrip("/")
         self._resources = f"{self.prefix}/resources/".encode()
         self._guard = f"{self.prefix}/guard".encode()
@@ -133,7 +142,7 @@ class Store:
         self._token_names = f"{self.prefix}/token-names/".encode()
         self._timeout = timeout
         target = channel_target(endpoints)
-        self._channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        self._channel = peer_channel(target, tls=tls, options=_CHANNEL_OPTIONS)
         self._kv = rpc.KVStub(self._channel)
         self._watch = rpc.WatchStub(self._channel)
 

@@ -38,7 +38,7 @@ from typing import Any
 import grpc
 import structlog
 from enmasse.common.certificates import TlsFiles
-from enmasse.common.credentials import TokenSource, config_channel, peer_channel
+from enmasse.common.credentials import TokenSource, config_channel
 from enmasse.resources.discovery import Directory
 from enmasse.resources.informer import Informer
 from enmasse.resources.kinds import object_of

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import structlog
+from enmasse.common.certificates import add_tls_dir_argument, tls_dir_files
 from enmasse.common.credentials import token_file_source
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server, until_terminated, write_port_file
@@ -57,14 +58,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="render each standard space's router workloads to <dir>/workloads/<space>/",
     )
     parser.add_argument("--routers-per-space", type=int, default=1, help="routers in each mesh")
+    add_tls_dir_argument(parser)
     return parser.parse_args(argv)
 
 
 async def serve(args: argparse.Namespace) -> None:
     var = Path(args.var)
+    tls = tls_dir_files(args.tls_dir)
     agent = RouterAgent(
         config_target=args.config,
         token=token_file_source(args.token_file),
+        tls=tls,
         directory=LocalDirectory(
             var,
             routers=Path(args.routers_dir) if args.routers_dir else None,
@@ -88,6 +92,7 @@ async def serve(args: argparse.Namespace) -> None:
         ],
         host=host or "127.0.0.1",
         port=int(port or 0),
+        tls=tls,
     )
     agent.start()
     log.info("serving", port=running.port, config=args.config)

@@ -34,6 +34,8 @@ from collections.abc import Callable
 
 import grpc
 import structlog
+from enmasse.common.certificates import TlsFiles
+from enmasse.common.credentials import peer_channel
 from enmasse.resources.contracts import SYSTEM_PREFIX
 from enmasse.resources.discovery import RouterEndpoint
 from enmasse.v1 import router_pb2, router_pb2_grpc

@@ -12,9 +12,13 @@ handlers the listeners use too, and RouterAdmin its `AdminView` over the router.
 Who gets in (`access.py`): with --mesh-secret-file the inter-router port takes only routers that
 log in with the space's secret, and this router logs in to its peers with it; without one the
 mesh port is open to anyone who reaches it (a warning says so; tests and benches run so).
---client-auth says whether the client port checks SASL PLAIN passwords against the configured
-users: `anonymous` (no check, the default), `optional` (checked when given, ANONYMOUS allowed) or
-`required` (PLAIN only), on the amqps port too (the engine then does TLS itself, under its SASL).
+--client-auth says whether the client port checks logins against the configured users:
+`anonymous` (no check at all, the default: tests and benches), `optional` (SCRAM and PLAIN checked
+when given, ANONYMOUS and PLAIN without TLS allowed) or `required` (what every rendered router
+runs: SCRAM, PLAIN over TLS, and ANONYMOUS or PLAIN without TLS only when the space plan allows
+them, as the pushed RouterConfig says), on the amqps port too (the engine then does TLS itself,
+under its SASL). Failed logins are throttled per peer and per user by the engine
+(`enmasse.amqp.throttle`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,10 @@ from pathlib import Path
 
 import click
 import structlog
+from enmasse.amqp import sasl
 from enmasse.amqp.engine import Engine, Tls, settle_gc_for_message_loop
+from enmasse.amqp.throttle import LoginThrottle
+from enmasse.common.certificates import CONTROL_PLANE, TLS_DIR_ENV, TlsFiles, tls_dir_files
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server
 from enmasse.common.tracing import configure_service_tracing
@@ -51,6 +58,7 @@ def _serve_admin(
     port: int,
     bound: list[int],
     ready: threading.Event,
+    tls: TlsFiles | None,
 ) -> None:
     async def serve() -> None:
         servicer = RouterAdminServicer(engine=engine, view=view)
@@ -60,6 +68,8 @@ def _serve_admin(
             ],
             host=host,
             port=port,
+            tls=tls,
+            caller_roles=(CONTROL_PLANE,),  # the router-agent; routers and clients never
         )
         bound.append(running.port)
         ready.set()
@@ -118,11 +128,17 @@ def _mesh_secret(path: Path | None) -> MeshSecret | None:
     default="anonymous",
     show_default=True,
     envvar="ENMASSE_CLIENT_AUTH",
-    help="Check SASL PLAIN logins on the client port against the configured users.",
+    help="Check logins on the client port against the configured users (required: and the plan).",
 )
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="amqps cert (PEM).")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="amqps key (PEM).")
 @click.option("--amqps-port", default=5671, show_default=True, help="TLS client port (0: free).")
+@click.option(
+    "--tls-dir",
+    type=click.Path(file_okay=False),
+    envvar=TLS_DIR_ENV,
+    help="RouterAdmin mTLS: tls.crt, tls.key, ca.crt (control-plane callers only); none: plain.",
+)
 def main(
     router_id: str,
     host: str,
@@ -139,6 +155,7 @@ def main(
     tls_cert: str | None,
     tls_key: str | None,
     amqps_port: int,
+    tls_dir: str | None,
 ) -> None:
     """Runs one router of an address space."""
     if "/" in router_id or not router_id:
@@ -167,9 +184,11 @@ def main(
         max_message_size=max_message_size,
         max_frame_size=max_frame_size,
         authenticator=(
-            UserLogins(lambda: router.config.users) if client_auth != "anonymous" else None
+            UserLogins(lambda: router.config, lax=client_auth == "optional")
+            if client_auth != "anonymous"
+            else None
         ),
-        allow_anonymous=client_auth != "required",
+        throttle=LoginThrottle(),  # one count of failures for the plain and the amqps port
     )
     ports = {"amqp": listen_for_clients(port=port)}
     if tls is not None:
@@ -186,7 +205,13 @@ def main(
         port=inter_router_port,
         handler_factory=router.handlers.mesh,
         idle_timeout=idle_timeout or None,
-        authenticator=secret.admits if secret is not None else None,
+        # The mesh logs in with PLAIN and the space's secret (routers reach each other inside
+        # the space's network); ANONYMOUS is never offered there.
+        authenticator=(
+            sasl.Passwords(secret.admits, allow_plain_without_tls=True)
+            if secret is not None
+            else None
+        ),
     )
     bound: list[int] = []
     ready = threading.Event()
@@ -199,6 +224,7 @@ def main(
             "port": admin_port,
             "bound": bound,
             "ready": ready,
+            "tls": tls_dir_files(tls_dir),
         },
         name="router-admin",
         daemon=True,

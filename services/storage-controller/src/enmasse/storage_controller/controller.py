@@ -44,7 +44,8 @@ from typing import Any, TypeVar
 
 import grpc
 import structlog
-from enmasse.common.credentials import TokenSource, config_channel
+from enmasse.common.certificates import TlsFiles
+from enmasse.common.credentials import TokenSource, config_channel, peer_channel
 from enmasse.resources.contracts import ACTIVE, STORED_TYPES, SUBSCRIPTION_SEPARATOR
 from enmasse.resources.discovery import LOOPBACK, BrokerEndpoint, Directory
 from enmasse.resources.informer import Informer
@@ -133,9 +134,11 @@ class StorageController:
         resync_interval: float = 1.0,
         writeback: WorkloadRepository | None = None,
         token: TokenSource | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         self.config_target = config_target
         self._token = token
+        self._tls = tls  # this controller's certificate: to config and to every BrokerAdmin
         self.output = output
         self.directory = directory
         self.space_filter = space
@@ -146,6 +149,7 @@ class StorageController:
             target=config_target,
             kinds=KINDS,
             token=token,
+            tls=tls,
             on_added=self._changed,
             on_modified=self._changed,
             on_deleted=self._changed,
@@ -465,7 +469,7 @@ class StorageController:
             return None
         channel = self._channels.get(endpoint.admin)
         if channel is None:
-            channel = grpc.aio.insecure_channel(endpoint.admin, options=CHANNEL_OPTIONS)
+            channel = peer_channel(endpoint.admin, tls=self._tls, options=CHANNEL_OPTIONS)
             self._channels[endpoint.admin] = channel
         return broker_pb2_grpc.BrokerAdminStub(channel)
 
@@ -757,7 +761,7 @@ class StorageController:
         if self._config_channel is None:
             target = self.config_target() if callable(self.config_target) else self.config_target
             self._config_channel = config_channel(
-                target, token=self._token, options=CHANNEL_OPTIONS
+                target, token=self._token, options=CHANNEL_OPTIONS, tls=self._tls
             )
         return config_pb2_grpc.ConfigServiceStub(self._config_channel)
 

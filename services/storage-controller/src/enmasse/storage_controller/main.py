@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 import structlog
+from enmasse.common.certificates import add_tls_dir_argument, tls_dir_files
 from enmasse.common.credentials import token_file_source
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server, until_terminated
@@ -77,6 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=Path("/etc/enmasse/gitops"),
         help="directory with username and password files (used when both are there)",
     )
+    add_tls_dir_argument(parser)
     args = parser.parse_args(argv)
     if args.gitops_path != "workloads":
         parser.error("--gitops-path: only 'workloads' is supported")
@@ -85,6 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def serve(args: argparse.Namespace) -> None:
     output = GitOpsOutput(args.gitops_dir)
+    tls = tls_dir_files(args.tls_dir)
     controller = StorageController(
         config_target=args.config,
         output=output,
@@ -92,9 +95,12 @@ async def serve(args: argparse.Namespace) -> None:
         space=args.space,
         resync_interval=args.resync,
         token=token_file_source(args.token_file),
+        tls=tls,
     )
     host, _, port = args.listen.rpartition(":")
-    running = await start_server(registrations=[], host=host or "127.0.0.1", port=int(port or 0))
+    running = await start_server(
+        registrations=[], host=host or "127.0.0.1", port=int(port or 0), tls=tls
+    )
     log.info("serving", port=running.port, config=args.config, gitops_dir=str(args.gitops_dir))
     writeback = await _start_writeback(args, controller)
     controller.start()

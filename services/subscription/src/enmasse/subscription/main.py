@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import structlog
+from enmasse.common.certificates import add_tls_dir_argument, tls_dir_files
 from enmasse.common.credentials import token_file_source
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server, until_terminated, write_port_file
@@ -47,10 +48,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--brokers-dir", default=None, help="default: <var>/brokers")
     parser.add_argument("--port-file", default=None, help="write the bound port to this file")
+    add_tls_dir_argument(parser)
     return parser.parse_args(argv)
 
 
 async def serve(args: argparse.Namespace) -> None:
+    tls = tls_dir_files(args.tls_dir)
     directory = LocalDirectory(
         Path(args.var), brokers=Path(args.brokers_dir) if args.brokers_dir else None
     )
@@ -58,6 +61,7 @@ async def serve(args: argparse.Namespace) -> None:
         config_target=args.config,
         directory=directory,
         token=token_file_source(args.token_file),
+        tls=tls,
     )
     subscriptions.start()
     host, _, port = args.listen.rpartition(":")
@@ -71,6 +75,7 @@ async def serve(args: argparse.Namespace) -> None:
         ],
         host=host or "127.0.0.1",
         port=int(port or 0),
+        tls=tls,
     )
     log.info("serving", port=running.port, config=args.config)
     sys.stdout.write(f"listening on {host or '127.0.0.1'}:{running.port}\n")

@@ -30,7 +30,8 @@ import grpc
 import structlog
 from enmasse.amqp.client import AmqpError, Client
 from enmasse.amqp.engine import Terminus
-from enmasse.common.credentials import TokenSource, config_channel
+from enmasse.common.certificates import TlsFiles
+from enmasse.common.credentials import TokenSource, config_channel, peer_channel
 from enmasse.resources.discovery import BrokerEndpoint, Directory
 from enmasse.resources.informer import Informer
 from enmasse.resources.kinds import object_of
@@ -69,14 +70,17 @@ class DurableSubscriptions:
         config_target: str | Callable[[], str],
         directory: Directory,
         token: TokenSource | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         self._config_target = config_target
         self._token = token
+        self._tls = tls  # this service's certificate: to config and to every BrokerAdmin
         self.directory = directory
         self.informer = Informer(
             target=config_target,
             kinds=["AddressSpace", "Address", "AddressPlan"],
             token=token,
+            tls=tls,
             on_added=self._changed,
             on_modified=self._changed,
         )
@@ -131,7 +135,7 @@ class DurableSubscriptions:
     async def _place(
         self, key: TopicKey, subscriber: Subscriber
     ) -> subscription_pb2.SubscriptionLocation:
-        async with config_channel(self._target(), token=self._token) as channel:
+        async with config_channel(self._target(), token=self._token, tls=self._tls) as channel:
             config = config_pb2_grpc.ConfigServiceStub(channel)
             for _attempt in range(RECORD_ATTEMPTS):
                 topic = self._freshest(key)
@@ -194,7 +198,7 @@ class DurableSubscriptions:
     async def _ensure_topic(self, endpoint: BrokerEndpoint, topic: resources_pb2.Address) -> None:
         plan = self.informer.get("AddressPlan", topic.spec.plan)
         spec = object_of(plan).spec if plan is not None else resources_pb2.AddressPlanSpec()
-        async with grpc.aio.insecure_channel(endpoint.admin) as channel:
+        async with peer_channel(endpoint.admin, tls=self._tls) as channel:
             admin = broker_pb2_grpc.BrokerAdminStub(channel)
             try:
                 await admin.EnsureTopic(
