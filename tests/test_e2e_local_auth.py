@@ -14,7 +14,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from enmasse.amqp import codec
+from enmasse.amqp import codec, sasl
 from enmasse.amqp.client import AmqpError, Client
 from enmasse.amqp.engine import Condition
 from enmasse.cli.local.tokens import SERVICE_ROLES
@@ -67,7 +67,7 @@ def test_up_keeps_its_tokens_private_each_of_the_least_role(local_runtime: Local
 
 def test_calls_without_a_token_or_beyond_its_role_are_refused(local_runtime: LocalRuntime) -> None:
     agent = (local_runtime.var / "run" / "tokens" / "router-agent.token").read_text()
-    with grpc.insecure_channel(local_runtime.config) as channel:
+    with local_runtime.channel(local_runtime.config) as channel:  # TLS: the only way in
         stub = config_pb2_grpc.ConfigServiceStub(channel)
         with pytest.raises(grpc.RpcError) as anonymous:
             stub.ListAddressSpaces(config_pb2.ListRequest(), timeout=10)
@@ -102,16 +102,29 @@ def test_users_log_in_through_the_router_and_their_hashes_stay_inside(
     with pytest.raises(AmqpError) as refused:
         _round_trip(port, user="alice", password="wonder")
     assert refused.value.condition == Condition(
-        "amqp:unauthorized-access", "Authentication failed [mech=PLAIN]"
+        "amqp:unauthorized-access", "Authentication failed [mech=SCRAM-SHA-512]"
+    )
+    with pytest.raises(AmqpError) as plain:  # the plan offers PLAIN over TLS only
+        Client("127.0.0.1", port, user="alice", password="wonderland", timeout=10).close()
+    assert plain.value.condition == Condition(
+        "amqp:unauthorized-access", "Authentication failed [mech=none]"
     )
 
     with local_runtime.client() as client:  # the admin's
         stored = client.get(KINDS["MessagingUser"], name="alice", space="guarded")
     assert stored.messaging_user.spec.password_hash == ""
+    assert not stored.messaging_user.spec.scram_credentials
 
 
 def _round_trip(port: int, *, user: str, password: str) -> str:
-    with Client("127.0.0.1", port, user=user, password=password, timeout=10) as client:
+    with Client(
+        "127.0.0.1",
+        port,
+        user=user,
+        password=password,
+        mechanisms=sasl.CLIENT_MECHANISMS,
+        timeout=10,
+    ) as client:
         receiver = client.receiver("calls")
         sender = client.sender("calls")
         outcome = sender.send_async(codec.encode_message(f"hello {user}"))

@@ -35,7 +35,7 @@ from enmasse.resources.contracts import ACTIVE
 from enmasse.resources.discovery import LocalDirectory
 from enmasse.v1 import config_pb2, config_pb2_grpc
 
-from tests.fixtures.local_runtime import enmasse, logs, stop_and_check, supervised
+from tests.fixtures.local_runtime import channel, enmasse, logs, stop_and_check, supervised
 from tests.fixtures.waiting import wait_for
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -118,8 +118,8 @@ class AddressWatcher:
     def _follow(self, target: str) -> None:
         """One watch stream: listed from scratch, so a phase left over in the store from before
         a restart is checked like a fresh one."""
-        with grpc.insecure_channel(target) as channel:
-            stream = config_pb2_grpc.ConfigServiceStub(channel).Watch(
+        with channel(self.var, target) as opened:
+            stream = config_pb2_grpc.ConfigServiceStub(opened).Watch(
                 config_pb2.WatchRequest(kinds=["Address"], space=SPACE),
                 metadata=bearer_metadata(resolve_token(option=None, var_dir=self.var)),
             )

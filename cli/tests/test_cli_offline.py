@@ -180,7 +180,10 @@ def test_supervisord_config_supervises_etcd_then_config(tmp_path: Path) -> None:
     conf = render_supervisord_conf(var=var, commands=program_commands(var=var, ports=ports))
     assert f"file = {tmp_path}/run/supervisor.sock" in conf
     assert "[program:etcd]\ncommand = /usr/bin/etcd --name=enmasse" in conf
-    assert "--listen-client-urls=http://127.0.0.1:2379" in conf
+    assert "--listen-client-urls=https://127.0.0.1:2379" in conf  # etcd: mutual TLS only
+    assert "--client-cert-auth" in conf
+    assert f"--etcd-tls-dir={tmp_path}/tls/config-etcd" in conf
+    assert conf.count("--tls-dir=") == 4  # config, storage-controller, router-agent, subscription
     assert "--listen=127.0.0.1:5680" in conf
     assert "--etcd=127.0.0.1:2379" in conf
     assert conf.count("autorestart = true") == 6  # the control plane; routers, brokers: included

@@ -8,6 +8,10 @@ Who: `--token`, else $ENMASSE_TOKEN, else the admin token `enmasse up` wrote to
 <var>/run/admin-token (`resolve_token`), sent as `authorization: Bearer <token>` on every call;
 none at all when there is none (a config service run without --auth takes calls without one).
 
+Transport: mutual TLS with the admin client certificate `enmasse up` made
+(<var>/tls/admin, a `control-plane` certificate) when the var dir holds one, else plaintext
+(`admin_tls` decides, `open_channel` opens; every gRPC client of the CLI goes through both).
+
 How: a blocking gRPC channel per command (a CLI does one thing and exits), a deadline on every
 unary call (`--timeout`, default 10 s), and Watch as a stream that resumes from the last revision it
 saw when the connection drops.
@@ -29,7 +33,8 @@ from typing import Any
 
 import click
 import grpc
-from enmasse.common.credentials import bearer_metadata
+from enmasse.common.certificates import TlsFiles
+from enmasse.common.credentials import bearer_metadata, channel_credentials
 from enmasse.resources.kinds import Key, Kind, key_of, resource_of
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
@@ -71,6 +76,31 @@ def resolve_server(*, option: str | None, var_dir: Path) -> str:
 def admin_token_file(var_dir: Path) -> Path:
     """Where `enmasse up` keeps the admin token of its config service (mode 0600)."""
     return var_dir / "run" / "admin-token"
+
+
+def tls_root(var_dir: Path) -> Path:
+    """Where `enmasse up` keeps its CAs and one certificate directory per holder (mode 0700)."""
+    return var_dir / "tls"
+
+
+ADMIN_HOLDER = "admin"
+"""The CLI's own certificate: a control-plane client (so `status` may ask RouterAdmin)."""
+
+
+def admin_tls(var_dir: Path) -> TlsFiles | None:
+    """The CLI's client certificate when `enmasse up` made one in `var_dir`, else None: the one
+    place that decides whether the CLI's gRPC calls speak TLS."""
+    files = TlsFiles(tls_root(var_dir) / ADMIN_HOLDER)
+    return files if files.exist() else None
+
+
+def open_channel(
+    target: str, *, tls: TlsFiles | None, options: Sequence[tuple[str, Any]] = ()
+) -> grpc.Channel:
+    """A blocking channel: mutual TLS presenting `tls`'s certificate, plaintext without."""
+    if tls is None:
+        return grpc.insecure_channel(target, options=list(options))
+    return grpc.secure_channel(target, channel_credentials(tls), options=list(options))
 
 
 def resolve_token(*, option: str | None, var_dir: Path) -> str:
@@ -169,13 +199,20 @@ def _calls(info: Kind) -> _KindCalls:
 class ConfigClient:
     """Thin, blocking, deadline-bound calls to one ConfigService."""
 
-    def __init__(self, *, server: str, timeout: float = DEFAULT_TIMEOUT, token: str = "") -> None:
+    def __init__(
+        self,
+        *,
+        server: str,
+        timeout: float = DEFAULT_TIMEOUT,
+        token: str = "",
+        tls: TlsFiles | None = None,
+    ) -> None:
         self.server = server
         self.timeout = timeout
         self._metadata = bearer_metadata(token)
         # A restarted config service must be found again within a second: gRPC's default
         # reconnect back-off grows to minutes, longer than `watch` waits for it.
-        self._channel = grpc.insecure_channel(server, options=_RECONNECT_FAST)
+        self._channel = open_channel(server, tls=tls, options=_RECONNECT_FAST)
         self._stub = config_pb2_grpc.ConfigServiceStub(self._channel)
 
     def close(self) -> None:

@@ -44,6 +44,7 @@ from enmasse.cli.client import (
     TOKEN_ENV,
     CliError,
     ConfigClient,
+    admin_tls,
     resolve_server,
     resolve_token,
 )
@@ -52,6 +53,7 @@ from enmasse.cli.local import readiness, stack
 from enmasse.cli.local import runtime as local_runtime
 from enmasse.cli.local.var_dir import VarDir
 from enmasse.cli.render import make_console, print_resources, print_table
+from enmasse.common.certificates import TlsFiles
 from enmasse.common.logging import configure_logging
 from enmasse.resources.contracts import STANDARD
 from enmasse.resources.kinds import KINDS, Kind, key_of, kind_of, object_of
@@ -81,7 +83,14 @@ class Settings:
         """A client of the config service. `service`: a control-plane command (`gitops sync`)
         that calls with the least-privilege token `up` made for it (<var>/run/tokens/), unless
         --token or $ENMASSE_TOKEN says otherwise."""
-        return ConfigClient(server=self.server, timeout=self.timeout, token=self._token(service))
+        return ConfigClient(
+            server=self.server, timeout=self.timeout, token=self._token(service), tls=self.tls
+        )
+
+    @property
+    def tls(self) -> TlsFiles | None:
+        """The admin client certificate `enmasse up` made in the var dir (None: plaintext)."""
+        return admin_tls(self.var.root)
 
     def _token(self, service: str) -> str:
         if service and not self.token_option and not os.environ.get(TOKEN_ENV):
@@ -371,7 +380,9 @@ def _print_spaces_and_addresses(
     """Prints the address spaces and addresses; returns the spaces."""
     console = make_console()
     listed: dict[str, list[resources_pb2.Resource]] = {}
-    with ConfigClient(server=server, timeout=settings.timeout, token=settings.token) as client:
+    with ConfigClient(
+        server=server, timeout=settings.timeout, token=settings.token, tls=settings.tls
+    ) as client:
         for name in ("AddressSpace", "Address"):
             info = KINDS[name]
             listed[name] = client.list(info)
@@ -423,7 +434,7 @@ def _laggards(client: ConfigClient, var: VarDir, *, space: str, settled_ok: bool
     found = client.get(KINDS["AddressSpace"], name=space).address_space
     addresses = [w.address for w in client.list(KINDS["Address"], space=space)]
     routers = (
-        readiness.routers_of(readiness.directory(var.root), space)
+        readiness.routers_of(readiness.directory(var.root), space, tls=admin_tls(var.root))
         if found.spec.type == STANDARD
         else []
     )
@@ -670,11 +681,12 @@ def _print_routers_and_brokers(
     console: Console, *, var: VarDir, spaces: Sequence[resources_pb2.AddressSpace]
 ) -> None:
     found = readiness.directory(var.root)
-    agent = readiness.agent_view(stack.router_agent_address(var))
+    tls = admin_tls(var.root)
+    agent = readiness.agent_view(stack.router_agent_address(var), tls=tls)
     names = [s.metadata.name for s in spaces]
     standard = [s.metadata.name for s in spaces if s.spec.type == STANDARD]
-    routers = [run for space in standard for run in readiness.routers_of(found, space)]
-    brokers = [held for space in names for held in readiness.brokers_of(found, space)]
+    routers = [run for space in standard for run in readiness.routers_of(found, space, tls=tls)]
+    brokers = [held for space in names for held in readiness.brokers_of(found, space, tls=tls)]
     print_table(
         console,
         ("SPACE", "ROUTER", "RUNS", "DESIRED", "ADDRESSES", "REACHABLE", "CONFIRMED"),

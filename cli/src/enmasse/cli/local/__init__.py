@@ -10,6 +10,7 @@ started as processes (their console scripts), never imported.
 The parts, from the ground up:
 - `var_dir`: where one installation keeps its state, logs and sockets (./var by default);
 - `ports`: the control plane's loopback ports, chosen free once and kept in <var>/ports.json;
+- `tls`: the CAs and every process's certificate in <var>/tls (every gRPC port is mutual TLS);
 - `programs`: the control plane's command lines and the supervisord config that runs them;
 - `supervisor`: starting supervisord, changing its programs live, finding what is ours by PID;
 - `stack`: `up`, `down` and `status` of the whole system, one at a time per var dir;

@@ -16,18 +16,26 @@ Access: config runs with auth on, its bootstrap token being the admin token `up`
 <var>/run/admin-token; each controller reads its own least-privilege token from
 <var>/run/tokens/<service>.token (`--token-file`), which `up` creates once config answers
 (local/tokens.py). The runtime program never calls config and has no token.
+
+Transport: every gRPC port speaks mutual TLS with the certificates `up` made in <var>/tls
+(local/tls.py): each service gets `--tls-dir=<var>/tls/<service>`, config also
+`--etcd-tls-dir` for its client certificate of etcd's own CA, and etcd serves https only to
+certificates of that CA (`--client-cert-auth`). Routers and brokers get theirs through
+$ENMASSE_TLS_DIR in their environment (`program_section`'s `environment`).
 """
 
 from __future__ import annotations
 
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from enmasse.cli.client import CliError
 from enmasse.cli.local.ports import Ports
+from enmasse.cli.local.tls import CONFIG_ETCD, ETCD
 from enmasse.cli.local.var_dir import VarDir
+from enmasse.common.certificates import TlsFiles
 
 ETCD_BINARY = "/usr/bin/etcd"
 # The control plane, in start order: what `up` starts and waits for. Routers and brokers are not
@@ -47,9 +55,10 @@ def installed_program(name: str) -> str:
 
 
 def program_commands(*, var: VarDir, ports: Ports) -> dict[str, list[str]]:
-    peer = f"http://127.0.0.1:{ports.etcd_peer}"
-    client = f"http://127.0.0.1:{ports.etcd_client}"
+    peer = f"http://127.0.0.1:{ports.etcd_peer}"  # one member: nobody else ever connects
+    client = f"https://127.0.0.1:{ports.etcd_client}"
     config = f"127.0.0.1:{ports.config}"
+    etcd = TlsFiles(var.tls_dir(ETCD))
     return {
         "etcd": [
             ETCD_BINARY,
@@ -60,6 +69,10 @@ def program_commands(*, var: VarDir, ports: Ports) -> dict[str, list[str]]:
             f"--listen-peer-urls={peer}",
             f"--initial-advertise-peer-urls={peer}",
             f"--initial-cluster=enmasse={peer}",
+            f"--cert-file={etcd.cert}",
+            f"--key-file={etcd.key}",
+            f"--trusted-ca-file={etcd.ca}",
+            "--client-cert-auth",
             # config commits a whole Apply batch as one transaction: etcd's defaults (128 ops,
             # 1.5 MiB) would refuse a space of a few hundred addresses.
             "--max-txn-ops=20000",
@@ -71,6 +84,8 @@ def program_commands(*, var: VarDir, ports: Ports) -> dict[str, list[str]]:
             f"--port-file={var.config_port_file}",
             f"--etcd=127.0.0.1:{ports.etcd_client}",
             f"--bootstrap-token-file={var.admin_token}",
+            f"--tls-dir={var.tls_dir('config')}",
+            f"--etcd-tls-dir={var.tls_dir(CONFIG_ETCD)}",
         ],
         "storage-controller": [
             installed_program("enmasse-storage-controller"),
@@ -79,6 +94,7 @@ def program_commands(*, var: VarDir, ports: Ports) -> dict[str, list[str]]:
             f"--gitops-dir={var.gitops}",
             f"--var-dir={var.root}",
             f"--token-file={var.service_token('storage-controller')}",
+            f"--tls-dir={var.tls_dir('storage-controller')}",
         ],
         "router-agent": [
             installed_program("enmasse-router-agent"),
@@ -87,6 +103,7 @@ def program_commands(*, var: VarDir, ports: Ports) -> dict[str, list[str]]:
             f"--var={var.root}",
             f"--gitops-dir={var.gitops}",
             f"--token-file={var.service_token('router-agent')}",
+            f"--tls-dir={var.tls_dir('router-agent')}",
         ],
         "subscription": [
             installed_program("enmasse-subscription"),
@@ -94,6 +111,7 @@ def program_commands(*, var: VarDir, ports: Ports) -> dict[str, list[str]]:
             f"--config={config}",
             f"--var={var.root}",
             f"--token-file={var.service_token('subscription')}",
+            f"--tls-dir={var.tls_dir('subscription')}",
         ],
         # Rendered router and broker workloads -> supervisor programs, for as long as we run.
         "runtime": [installed_program("enmasse"), f"--var-dir={var.root}", "runtime", "reconcile"],
@@ -104,9 +122,19 @@ def _ini(value: object) -> str:
     return str(value).replace("%", "%%")  # supervisord expands %(name)s in values
 
 
-def program_section(*, name: str, command: Sequence[str], var: VarDir, priority: int) -> str:
+def program_section(
+    *,
+    name: str,
+    command: Sequence[str],
+    var: VarDir,
+    priority: int,
+    environment: Mapping[str, str] | None = None,
+) -> str:
     """One `[program:x]`: restarted on crash with supervisord's back-off (1 s, 2 s, ...; FATAL
-    after 10 tries), stopped with its whole process group, logging to <var>/log/<name>.log."""
+    after 10 tries), stopped with its whole process group, logging to <var>/log/<name>.log,
+    with PYTHONUNBUFFERED, ENMASSE_VAR and `environment` in its environment."""
+    variables = {"PYTHONUNBUFFERED": "1", "ENMASSE_VAR": str(var.root), **(environment or {})}
+    pairs = ",".join(f'{key}="{_ini(value)}"' for key, value in variables.items())
     return (
         f"[program:{name}]\n"
         f"command = {_ini(' '.join(command))}\n"
@@ -123,7 +151,7 @@ def program_section(*, name: str, command: Sequence[str], var: VarDir, priority:
         f"stdout_logfile = {_ini(var.log / (name + '.log'))}\n"
         "stdout_logfile_maxbytes = 10MB\n"
         "stdout_logfile_backups = 2\n"
-        f'environment = PYTHONUNBUFFERED="1",ENMASSE_VAR="{_ini(var.root)}"\n'
+        f"environment = {pairs}\n"
     )
 
 

@@ -16,6 +16,10 @@ when the store says Active AND every router of its space answers with a configur
 it; whoever wrote the phase, whenever, that pair cannot be stale. A brokered space has no router:
 its phases are all there is (the storage-controller writes them from what its broker holds).
 
+Every question goes over the CLI's channel (`enmasse.cli.client.open_channel`): mutual TLS with
+the admin's control-plane certificate under `enmasse up`, which RouterAdmin and BrokerAdmin
+require.
+
 `laggards` is pure; the rest asks over gRPC with a short deadline each, so a router that does
 not answer is a laggard, never a hang.
 """
@@ -28,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from enmasse.cli.client import open_channel
+from enmasse.common.certificates import TlsFiles
 from enmasse.resources.contracts import ACTIVE, BROKERED, FAILED, PENDING, QUEUE, TOPIC
 from enmasse.resources.discovery import LocalDirectory
 from enmasse.v1 import (
@@ -77,12 +83,12 @@ def directory(var_root: Path) -> LocalDirectory:
     return found
 
 
-def routers_of(found: LocalDirectory, space: str) -> list[RouterRun]:
-    return [_ask_router(space, r.router_id, r.admin) for r in found.routers(space)]
+def routers_of(found: LocalDirectory, space: str, *, tls: TlsFiles | None) -> list[RouterRun]:
+    return [_ask_router(space, r.router_id, r.admin, tls=tls) for r in found.routers(space)]
 
 
-def _ask_router(space: str, router_id: str, admin: str) -> RouterRun:
-    with grpc.insecure_channel(admin) as channel:
+def _ask_router(space: str, router_id: str, admin: str, *, tls: TlsFiles | None) -> RouterRun:
+    with open_channel(admin, tls=tls) as channel:
         try:
             config = router_pb2_grpc.RouterAdminStub(channel).GetConfig(
                 router_pb2.GetConfigRequest(), timeout=ASK_DEADLINE
@@ -98,13 +104,13 @@ def _ask_router(space: str, router_id: str, admin: str) -> RouterRun:
     )
 
 
-def brokers_of(found: LocalDirectory, space: str) -> list[BrokerHolds]:
-    return [_ask_broker(space, b.name, b.admin) for b in found.brokers(space).values()]
+def brokers_of(found: LocalDirectory, space: str, *, tls: TlsFiles | None) -> list[BrokerHolds]:
+    return [_ask_broker(space, b.name, b.admin, tls=tls) for b in found.brokers(space).values()]
 
 
-def _ask_broker(space: str, broker_id: str, admin: str) -> BrokerHolds:
+def _ask_broker(space: str, broker_id: str, admin: str, *, tls: TlsFiles | None) -> BrokerHolds:
     started = time.monotonic()
-    with grpc.insecure_channel(admin) as channel:
+    with open_channel(admin, tls=tls) as channel:
         try:
             listing = broker_pb2_grpc.BrokerAdminStub(channel).ListAddresses(
                 broker_pb2.ListAddressesRequest(), timeout=ASK_DEADLINE
@@ -123,10 +129,12 @@ def _ask_broker(space: str, broker_id: str, admin: str) -> BrokerHolds:
     )
 
 
-def agent_view(target: str) -> dict[tuple[str, str], router_agent_pb2.RouterState]:
+def agent_view(
+    target: str, *, tls: TlsFiles | None
+) -> dict[tuple[str, str], router_agent_pb2.RouterState]:
     """(space, router id) -> what the router-agent knows of that router; empty when the agent
     does not answer (status shows `-` then)."""
-    with grpc.insecure_channel(target) as channel:
+    with open_channel(target, tls=tls) as channel:
         try:
             topology = router_agent_pb2_grpc.RouterAgentStub(channel).GetTopology(
                 router_agent_pb2.TopologyRequest(), timeout=ASK_DEADLINE

@@ -17,6 +17,10 @@ What a rendered file says and how its router or broker is started locally is the
 model's (`enmasse.resources.rendered_routers`, `rendered_brokers`): the services that render the
 files are only ever started here, as processes, never imported.
 
+Transport: under `enmasse up` every router gets the routers' certificate and every broker the
+brokers' (<var>/tls/router, <var>/tls/broker; local/tls.py) as $ENMASSE_TLS_DIR, so RouterAdmin
+and BrokerAdmin speak mutual TLS; a var dir without them (tests of the pure parts) adds nothing.
+
 `desired_programs` and `program_files` are pure (paths in, names and texts out) for the tests.
 """
 
@@ -35,7 +39,9 @@ from typing import Any
 import structlog
 from enmasse.cli.local.programs import PROGRAMS, program_section
 from enmasse.cli.local.supervisor import apply_config_changes, supervisor_proxy
+from enmasse.cli.local.tls import BROKER_HOLDER, ROUTER
 from enmasse.cli.local.var_dir import VarDir
+from enmasse.common.certificates import TLS_DIR_ENV, TlsFiles
 from enmasse.resources.rendered_brokers import GitOpsOutput, local_broker_command
 from enmasse.resources.rendered_routers import (
     RenderedRouters,
@@ -60,6 +66,13 @@ class Program:
     command: tuple[str, ...]
     workdir: Path  # made before the start: the process writes its ports file there
     priority: int
+    environment: tuple[tuple[str, str], ...] = ()
+
+
+def tls_environment(var: VarDir, holder: str) -> tuple[tuple[str, str], ...]:
+    """$ENMASSE_TLS_DIR for a router or broker, when `up` made its certificate; else nothing."""
+    files = TlsFiles(var.tls_dir(holder))
+    return ((TLS_DIR_ENV, str(files.directory)),) if files.exist() else ()
 
 
 def program_name(*, space: str, workload_id: str) -> str:
@@ -72,6 +85,7 @@ def program_name(*, space: str, workload_id: str) -> str:
 def desired_programs(var: VarDir) -> dict[str, Program]:
     """Every workload the GitOps output holds, by program name (`program_name`)."""
     programs: dict[str, Program] = {}
+    router_tls, broker_tls = tls_environment(var, ROUTER), tls_environment(var, BROKER_HOLDER)
     routers = RenderedRouters(var.gitops)
     for space in routers.spaces():
         for router in routers.read_space(space).values():
@@ -81,6 +95,7 @@ def desired_programs(var: VarDir) -> dict[str, Program]:
                 command=tuple(local_router_command(router, var_dir=var.root)),
                 workdir=local_router_dir(router, var_dir=var.root),
                 priority=ROUTER_PRIORITY,
+                environment=router_tls,
             )
     for space, brokers in GitOpsOutput(var.gitops).read_all().items():
         for broker in brokers.values():
@@ -90,6 +105,7 @@ def desired_programs(var: VarDir) -> dict[str, Program]:
                 command=tuple(local_broker_command(broker, var_dir=var.root)),
                 workdir=var.root / "brokers" / space / broker.broker.id,
                 priority=BROKER_PRIORITY,
+                environment=broker_tls,
             )
     return programs
 
@@ -98,7 +114,11 @@ def program_files(var: VarDir, programs: Mapping[str, Program]) -> dict[str, str
     """File name -> text of <var>/supervisor.d/ for these programs."""
     return {
         f"{p.name}.conf": program_section(
-            name=p.name, command=p.command, var=var, priority=p.priority
+            name=p.name,
+            command=p.command,
+            var=var,
+            priority=p.priority,
+            environment=dict(p.environment),
         )
         for p in programs.values()
     }

@@ -16,7 +16,9 @@ supervisord itself, by PID, and nothing else; programs a killed supervisord left
 time per var dir (a file lock).
 
 Access: `up` makes the admin token before config first starts and each control-plane service's
-token once config answers (`tokens.py`).
+token once config answers (`tokens.py`). Transport: before any program starts, `up` makes the
+certificates in <var>/tls (`tls.py`), and asks config (health, tokens, phases) over mutual TLS
+with the admin's certificate, the only way in.
 
 Pure parts (the uptime text, `stopped_text`) are plain functions that tests call directly.
 """
@@ -35,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from enmasse.cli.client import CliError, ConfigClient, resolve_token
+from enmasse.cli.client import CliError, ConfigClient, admin_tls, open_channel, resolve_token
 from enmasse.cli.local.ports import read_ports
 from enmasse.cli.local.programs import PROGRAMS
 from enmasse.cli.local.supervisor import (
@@ -50,8 +52,10 @@ from enmasse.cli.local.supervisor import (
     supervisord_pid,
     wait_until,
 )
+from enmasse.cli.local.tls import ensure_certificates
 from enmasse.cli.local.tokens import ensure_admin_token, ensure_service_tokens
 from enmasse.cli.local.var_dir import VarDir
+from enmasse.common.certificates import TlsFiles
 from enmasse.resources.contracts import ACTIVE, STANDARD
 from enmasse.resources.kinds import KINDS
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -69,8 +73,8 @@ def router_agent_address(var: VarDir) -> str:
     return f"127.0.0.1:{read_ports(var).router_agent}"
 
 
-def config_healthy(address: str) -> bool:
-    with grpc.insecure_channel(address) as channel:
+def config_healthy(address: str, *, tls: TlsFiles | None) -> bool:
+    with open_channel(address, tls=tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
@@ -84,7 +88,7 @@ def wait_config_healthy(var: VarDir, *, timeout: float = 60.0) -> str:
     proxy = supervisor_proxy(var)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if config_healthy(address):
+        if config_healthy(address, tls=admin_tls(var.root)):
             var.config_addr.write_text(address + "\n")
             return address
         for info in proxy.supervisor.getAllProcessInfo():
@@ -121,6 +125,7 @@ def up(var: VarDir) -> tuple[str, bool]:
 def _up(var: VarDir) -> tuple[str, bool]:
     started = False
     ensure_admin_token(var)  # before config starts: its bootstrap admin token
+    ensure_certificates(var)  # before anything starts: every port speaks mutual TLS
     if not supervisor_answers(var):
         if (pid := supervisord_pid(var)) is not None:
             raise CliError(
@@ -272,7 +277,9 @@ def routed_addresses_active(var: VarDir) -> list[str]:
     the config service does not answer (then there is nothing to wait for)."""
     try:
         token = resolve_token(option=None, var_dir=var.root)
-        with ConfigClient(server=config_address(var), timeout=2.0, token=token) as client:
+        with ConfigClient(
+            server=config_address(var), timeout=2.0, token=token, tls=admin_tls(var.root)
+        ) as client:
             spaces = [
                 w.address_space.metadata.name
                 for w in client.list(KINDS["AddressSpace"])

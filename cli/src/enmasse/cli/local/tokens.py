@@ -9,7 +9,8 @@ so those started before their file exists get going as soon as it is there.
 
 Idempotence: a token file that config still accepts is kept; one it refuses (a store started
 afresh, a token revoked) is replaced by a new token of the same name. The runtime program has
-no token: it never calls config.
+no token: it never calls config. Every call goes over mutual TLS with the admin's certificate
+when the var dir holds one (`enmasse.cli.client.admin_tls`).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
-from enmasse.cli.client import CliError, ConfigClient
+from enmasse.cli.client import CliError, ConfigClient, admin_tls
 from enmasse.cli.local.var_dir import VarDir
+from enmasse.common.certificates import TlsFiles
 from enmasse.resources.kinds import KINDS
 
 SERVICE_ROLES: Mapping[str, str] = {
@@ -61,9 +63,9 @@ def ensure_admin_token(var: VarDir) -> None:
         write_secret(var.admin_token, secrets.token_urlsafe(32))
 
 
-def accepted(address: str, token: str) -> bool:
+def accepted(address: str, token: str, *, tls: TlsFiles | None) -> bool:
     """Whether config at `address` takes `token` (a read every role may make)."""
-    with ConfigClient(server=address, timeout=5.0, token=token) as client:
+    with ConfigClient(server=address, timeout=5.0, token=token, tls=tls) as client:
         try:
             client.list(KINDS["AddressPlan"])
         except CliError:
@@ -74,19 +76,19 @@ def accepted(address: str, token: str) -> bool:
 def ensure_service_tokens(var: VarDir, *, address: str) -> list[str]:
     """Every service's token file, made (or remade) where config does not take the one there;
     returns the services whose token was made."""
-    admin = read_secret(var.admin_token)
-    if not accepted(address, admin):
+    admin, tls = read_secret(var.admin_token), admin_tls(var.root)
+    if not accepted(address, admin, tls=tls):
         raise CliError(
             f"the config service at {address} does not accept the admin token in "
             f"{var.admin_token} (its store has another admin token): write that one into "
             "the file, or start from an empty var dir"
         )
     made = []
-    with ConfigClient(server=address, token=admin) as client:
+    with ConfigClient(server=address, token=admin, tls=tls) as client:
         for service, role in SERVICE_ROLES.items():
             path = var.service_token(service)
             current = read_secret(path)
-            if current and accepted(address, current):
+            if current and accepted(address, current, tls=tls):
                 continue
             reply = client.create_token(name=service, role=role, replace=True)
             write_secret(path, reply.secret)

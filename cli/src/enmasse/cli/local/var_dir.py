@@ -3,7 +3,8 @@
 In: `--var-dir`, else $ENMASSE_VAR, else ./var. Out: the paths every other part of the local
 runtime writes and reads, named once: etcd's data, supervisord's config, socket and pid file, the
 logs, the ports file, the config service's address, the access tokens (the admin's and one per
-control-plane service, mode 0600), the GitOps output the controllers render into and the
+control-plane service, mode 0600), the certificates (one directory per holder under <var>/tls,
+mode 0700), the GitOps output the controllers render into and the
 per-program files of the routers and brokers started from it. Nothing here touches the
 disk: a path is only a name until its part makes it.
 """
@@ -14,7 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from enmasse.cli.client import admin_token_file
+from enmasse.cli.client import admin_token_file, tls_root
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,14 @@ class VarDir:
 
     def service_token(self, service: str) -> Path:
         return self.tokens / f"{service}.token"
+
+    @property
+    def tls(self) -> Path:
+        """The CAs and every holder's certificate: <var>/tls/<holder>/{tls.crt,tls.key,ca.crt}."""
+        return tls_root(self.root)
+
+    def tls_dir(self, holder: str) -> Path:
+        return self.tls / holder
 
     @property
     def gitops(self) -> Path:
