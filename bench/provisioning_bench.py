@@ -44,6 +44,8 @@ import grpc
 from enmasse.amqp import codec
 from enmasse.amqp.client import AmqpError, Client, Receiver, Sender
 from enmasse.amqp.engine import Outcome
+from enmasse.cli.client import admin_tls, resolve_token
+from enmasse.common.credentials import channel_credentials
 from enmasse.resources.kinds import resource_of
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
@@ -350,6 +352,19 @@ def warm_up(stub: config_pb2_grpc.ConfigServiceStub) -> tuple[float, int]:
 LATENCY_COLUMNS = ["type", "plan", "n", "failed", "p50 ms", "p99 ms", "max ms"]
 
 
+def admin_channel(var: Path, target: str) -> grpc.Channel:
+    """The runtime's config service as the CLI reaches it: mutual TLS with the admin's
+    certificate from <var>/tls, and the admin token `enmasse up` wrote on every call."""
+    tls = admin_tls(var)
+    if tls is None:
+        raise RuntimeError(f"no admin certificate under {var}: was it made by `enmasse up`?")
+    credentials = grpc.composite_channel_credentials(
+        channel_credentials(tls),
+        grpc.access_token_call_credentials(resolve_token(option=None, var_dir=var)),
+    )
+    return grpc.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
+
+
 @suite("provisioning", "local runtime: CreateAddress -> first message per type, new brokers, scale")
 def provisioning_suite(ctx: Context) -> Iterator[Table]:
     per_type = 20 if ctx.quick else 100
@@ -358,7 +373,7 @@ def provisioning_suite(ctx: Context) -> Iterator[Table]:
     with (
         tempfile.TemporaryDirectory(prefix="provisioning-bench-") as tmp,
         local_runtime(Path(tmp) / "var") as target,
-        grpc.insecure_channel(target, options=CHANNEL_OPTIONS) as channel,
+        admin_channel(Path(tmp) / "var", target) as channel,
     ):
         var = Path(tmp) / "var"
         stub = config_pb2_grpc.ConfigServiceStub(channel)
