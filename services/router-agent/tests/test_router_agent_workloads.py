@@ -4,9 +4,10 @@ Pure: rendering is deterministic, read back gives what was rendered, ports stay 
 re-renders, and only the agent's own files are touched; the mesh secret is a mounted Secret in a
 cluster and a 0600 file written once locally. With real parts: the agent renders a new space's
 router, the test starts it exactly as `enmasse up` would (`local_router_command`), the agent finds
-it by its ports file, configures it, an address becomes Active and carries a message, a
-MessagingUser created in the store can log in while a wrong password is refused; deleting the
-space removes the router's workload file and nothing else.
+it by its ports file, configures it, an address becomes Active, an anonymous client is refused
+(the plan allows none), a MessagingUser created in the store logs in with SCRAM and carries a
+message while a wrong password is refused; deleting the space removes the router's workload file
+and nothing else.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
-from enmasse.amqp import codec
+from enmasse.amqp import codec, sasl
 from enmasse.amqp.client import AmqpError, Client
 from enmasse.amqp.engine import Condition
 from enmasse.resources.discovery import LocalDirectory
@@ -60,7 +61,7 @@ def test_rendering_is_deterministic_and_reads_back() -> None:
     pod = stateful_set["spec"]["template"]["spec"]
     assert pod["containers"][0]["args"][0] == "--router-id=router-0"
     assert pod["containers"][0]["args"][-2:] == [
-        "--client-auth=optional",
+        "--client-auth=required",
         "--mesh-secret-file=/etc/enmasse/mesh/secret",
     ]
     assert pod["volumes"] == [
@@ -83,7 +84,7 @@ def test_the_local_mesh_secret_is_written_once_and_private(tmp_path: Path) -> No
     assert sorted(p.name for p in path.parent.iterdir()) == ["mesh-secret"]
     command = local_router_command(WORKLOAD, var_dir=tmp_path)
     assert f"--mesh-secret-file={path}" in command
-    assert "--client-auth=optional" in command
+    assert "--client-auth=required" in command
 
 
 def test_the_output_keeps_ports_and_touches_only_its_own_files(tmp_path: Path) -> None:
@@ -167,13 +168,22 @@ async def test_a_rendered_router_started_like_the_runtime_carries_messages(
         # Written before the address's status, but a conflicting write is retried a pass later.
         await _eventually_async(endpoints)
         assert await endpoints() == [("amqp", workload.ports.amqp)]
-        body = await asyncio.to_thread(_one_message, workload.ports.amqp)
-        assert body == "through the rendered router"
+        # Rendered routers run `--client-auth required`: standard-small lets no one in anonymously.
+        with pytest.raises(AmqpError) as anonymous:
+            await asyncio.to_thread(_one_message, workload.ports.amqp)
+        assert anonymous.value.condition == Condition(
+            "amqp:unauthorized-access", "Authentication failed [mech=none]"
+        )
 
         await config_stub.CreateMessagingUser(
             resources_pb2.MessagingUser(
                 metadata={"name": "alice", "space": "shop"},
-                spec={"username": "alice", "password": "wonderland"},
+                spec={
+                    "username": "alice",
+                    "password": "wonderland",
+                    # A user with no rule may do nothing: alice may use `calls`.
+                    "authorization": [{"addresses": ["calls"], "operations": ["send", "recv"]}],
+                },
             )
         )
         login = {"user": "alice", "password": "wonderland"}
@@ -184,7 +194,7 @@ async def test_a_rendered_router_started_like_the_runtime_carries_messages(
                 _one_message, workload.ports.amqp, {"user": "alice", "password": "wonder"}
             )
         assert refused.value.condition == Condition(
-            "amqp:unauthorized-access", "Authentication failed [mech=PLAIN]"
+            "amqp:unauthorized-access", "Authentication failed [mech=SCRAM-SHA-512]"
         )
 
         await config_stub.DeleteAddressSpace(config_pb2.DeleteRequest(ref=Ref(name="shop")))
@@ -202,7 +212,8 @@ def _logged_in_message(port: int, login: dict[str, str]) -> str | None:
 
 
 def _one_message(port: int, login: dict[str, str] | None = None) -> str:
-    with Client("127.0.0.1", port, **(login or {})) as client:
+    mechanisms = sasl.CLIENT_MECHANISMS if login else None  # SCRAM: the keys config derived
+    with Client("127.0.0.1", port, mechanisms=mechanisms, **(login or {})) as client:
         receiver = client.receiver("calls")
         sender = client.sender("calls")
         outcome = sender.send_async(codec.encode_message("through the rendered router"))

@@ -1,7 +1,9 @@
 """The client port's options with a real router process and real clients: amqps with a
 self-signed certificate beside the plain port, and SASL PLAIN against the configuration's users
 (required: anonymous refused; optional: anonymous allowed, wrong passwords refused), with a
-password change pushed as a new generation, and both at once: users logging in over amqps."""
+password change pushed as a new generation, and both at once: users logging in over amqps;
+SCRAM-SHA-512/256 against the users' keys, and the plan's policy (ANONYMOUS? PLAIN on the plain
+port?) as the configuration says it."""
 
 from __future__ import annotations
 
@@ -12,14 +14,16 @@ import pytest
 from enmasse.amqp import codec
 from enmasse.amqp.client import AmqpError, Client
 from enmasse.amqp.engine import Condition, Outcome, Tls
-from enmasse.common.passwords import hash_password
-from enmasse.v1 import router_pb2
+from enmasse.common.passwords import SCRAM_MECHANISMS, hash_password, scram_keys
+from enmasse.v1 import resources_pb2, router_pb2
 
 from tests.fixtures.router import RouterFleet, RouterProcess
 
 ADDRESSES = {"work": "anycast"}
 NO_LOGIN = Condition("amqp:unauthorized-access", "Authentication failed [mech=none]")
 BAD_LOGIN = Condition("amqp:unauthorized-access", "Authentication failed [mech=PLAIN]")
+# A user with no rule may do nothing (test_router_authorization.py): these users may do all.
+EVERYWHERE = router_pb2.RouterRule(addresses=["#"], operations=["send", "recv"])
 
 
 def _refusal(port: int, **login: str | None) -> Condition | None:
@@ -39,16 +43,40 @@ def _relay(producer: Client, consumer: Client, body: bytes) -> None:
     receiver.close()
 
 
-def _config(generation: int, users: dict[str, str]) -> router_pb2.RouterConfig:
+def _config(
+    generation: int, users: dict[str, str], *, allow_plain_without_tls: bool = True
+) -> router_pb2.RouterConfig:
+    """Users as the config service stores them (hash and SCRAM keys); these tests log in with
+    proton's PLAIN on the plain port too, which the plan must allow (`allow_plain_without_tls`)."""
     return router_pb2.RouterConfig(
         generation=generation,
         space="shop",
+        allow_plain_without_tls=allow_plain_without_tls,
         addresses=[router_pb2.AddressRoute(address=a, type=t) for a, t in ADDRESSES.items()],
         users=[
-            router_pb2.RouterUser(username=name, password_hash=hash_password(password))
+            router_pb2.RouterUser(
+                username=name,
+                password_hash=hash_password(password),
+                authorization=[EVERYWHERE],
+                scram_credentials=_scram_credentials(password),
+            )
             for name, password in users.items()
         ],
     )
+
+
+def _scram_credentials(password: str) -> list[resources_pb2.ScramCredential]:
+    keys = [scram_keys(password, mechanism=m) for m in SCRAM_MECHANISMS]
+    return [
+        resources_pb2.ScramCredential(
+            mechanism=k.mechanism,
+            salt=k.salt,
+            iterations=k.iterations,
+            stored_key=k.stored_key,
+            server_key=k.server_key,
+        )
+        for k in keys
+    ]
 
 
 def _tls_router(
@@ -162,3 +190,42 @@ def test_users_log_in_over_amqps(
     ), "plain AMQP on the amqps port"
     assert sorted(c.user for c in router.stats().connections) == ["alice", "bob"]
     _relay(alice, bob, b"still served")
+
+
+def test_scram_logins_and_the_plans_policy(
+    routers: RouterFleet, amqp_client: Callable[..., Client]
+) -> None:
+    """`required` with a plan that allows nothing more: SCRAM-SHA-512 and -256 get in, PLAIN on
+    the plain port and ANONYMOUS are not offered; a plan that allows them lets them in."""
+    router = routers.start("r1", extra_args=("--client-auth=required",))
+    users = {"alice": "wonderland", "bob": "builder"}
+    router.apply(_config(1, users, allow_plain_without_tls=False))
+    alice = amqp_client(
+        router.amqp_port, user="alice", password="wonderland", mechanisms=("SCRAM-SHA-512",)
+    )
+    bob = amqp_client(
+        router.amqp_port, user="bob", password="builder", mechanisms=("SCRAM-SHA-256",)
+    )
+    _relay(alice, bob, b"scram both ways")
+    scram_refused = _refusal(
+        router.amqp_port, user="alice", password="wonder", mechanisms=("SCRAM-SHA-256",)
+    )
+    assert scram_refused == Condition(
+        "amqp:unauthorized-access", "Authentication failed [mech=SCRAM-SHA-256]"
+    )
+    assert _refusal(router.amqp_port, user="alice", password="wonderland") == NO_LOGIN, "PLAIN"
+    assert _refusal(router.amqp_port) == NO_LOGIN, "ANONYMOUS"
+    assert sorted(c.user for c in router.stats().connections) == ["alice", "bob"]
+
+    open_plan = _config(2, users)
+    open_plan.allow_anonymous = True
+    router.apply(open_plan)
+    anonymous = amqp_client(router.amqp_port)
+    plain = amqp_client(router.amqp_port, user="bob", password="builder")
+    _relay(anonymous, plain, b"the plan lets them in")
+    assert sorted(c.user for c in router.stats().connections) == [
+        "alice",
+        "anonymous",
+        "bob",
+        "bob",
+    ]

@@ -37,6 +37,7 @@ from typing import Any
 from enmasse.resources.authorization import pattern_problem
 from enmasse.resources.contracts import (
     ADDRESS_TYPES,
+    BROKERED,
     OPERATIONS,
     RESERVED_PREFIXES,
     SPACE_TYPES,
@@ -515,6 +516,12 @@ class _Rules:
         ):
             if getattr(quotas, name) < 0:
                 self.bad(f"spec.quotas.{name}", "must not be negative (0 means unlimited)")
+        if spec.address_space_type == BROKERED:
+            # The login policy is what a standard space's routers enforce; a brokered space has
+            # none, so a plan saying it allows more would promise what nobody does.
+            for name in ("allow_anonymous", "allow_plain_without_tls"):
+                if getattr(spec, name):
+                    self.bad(f"spec.{name}", "applies to standard address spaces' routers only")
 
     # -- tenant resources
 

@@ -2,10 +2,14 @@
 
 In flows a `router_pb2.RouterConfig` (pushed by the router-agent, or by a test); out comes a
 `RouterConfig` that the router swaps in whole, or a `ConfigError` whose text names the address (or
-peer, or user) and the rule it broke. The users (username -> scrypt hash) are what the client
-listener checks logins against (`access.UserLogins`); they never leave the router again:
-`config_to_proto` (GetConfig) gives the names only. Nothing is half-applied: a configuration
-either validates as a whole or is refused, and the router keeps running the one it had.
+peer, or user) and the rule it broke. The users (username -> scrypt hash, and their SCRAM keys)
+and the space's login policy (anonymous? PLAIN without TLS?) are what the client listener checks
+logins against (`access.UserLogins`); the hashes and keys never leave the router again:
+`config_to_proto` (GetConfig) gives the names and rules only. Each user's authorization rules
+(`enmasse.resources.authorization`, checked here with the same `pattern_problem` the config
+service validates with) are what `forwarding.Router` checks that user's links against. Nothing
+is half-applied: a configuration either validates as a whole or is refused, and the router keeps
+running the one it had.
 
 Why a separate model and not the protobuf message itself: the forwarding code asks questions
 ("is this a waypoint address?", "which brokers are Active for it?") many times per second; answering
@@ -20,8 +24,9 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from enmasse.common.passwords import is_password_hash
+from enmasse.common.passwords import SCRAM_ITERATIONS, SCRAM_MECHANISMS, ScramKeys, is_password_hash
 from enmasse.resources import contracts
+from enmasse.resources.authorization import Rule, pattern_problem
 from enmasse.v1 import router_pb2
 
 
@@ -85,6 +90,7 @@ class Limits:
     max_connections: int = 0
     max_links_per_connection: int = 0
     idle_timeout_ms: int = 0
+    max_connections_per_user: int = 0
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,12 @@ class RouterConfig:
     peers: tuple[MeshPeer, ...] = ()
     limits: Limits = Limits()
     users: dict[str, str] = field(default_factory=dict)  # username -> stored password hash
+    rules: dict[str, tuple[Rule, ...]] = field(default_factory=dict)  # username -> its rules
+    # username -> mechanism -> its SCRAM keys (SCRAM logins; secret like the hashes)
+    scram: dict[str, dict[str, ScramKeys]] = field(default_factory=dict)
+    # How clients may log in under `--client-auth required` (the space plan's say).
+    allow_anonymous: bool = False
+    allow_plain_without_tls: bool = False
 
     def route(self, address: str) -> AddressRoute | None:
         return self.addresses.get(address)
@@ -137,6 +149,10 @@ def config_from_proto(message: router_pb2.RouterConfig, *, router_id: str) -> Ro
         peers=_peers_from_proto(message.peers, router_id=router_id),
         limits=_limits_from_proto(message.limits),
         users=_users_from_proto(message.users),
+        rules={user.username: _rules_from_proto(user) for user in message.users},
+        scram={user.username: _scram_from_proto(user) for user in message.users},
+        allow_anonymous=message.allow_anonymous,
+        allow_plain_without_tls=message.allow_plain_without_tls,
     )
 
 
@@ -167,9 +183,23 @@ def config_to_proto(config: RouterConfig) -> router_pb2.RouterConfig:
             max_connections=config.limits.max_connections,
             max_links_per_connection=config.limits.max_links_per_connection,
             idle_timeout_ms=config.limits.idle_timeout_ms,
+            max_connections_per_user=config.limits.max_connections_per_user,
         ),
         # Hashes stay inside the router: an admin reading the config learns who, not how.
-        users=[router_pb2.RouterUser(username=name) for name in config.users],
+        users=[
+            router_pb2.RouterUser(
+                username=name,
+                authorization=[
+                    router_pb2.RouterRule(
+                        addresses=rule.addresses, operations=sorted(rule.operations)
+                    )
+                    for rule in config.rules.get(name, ())
+                ],
+            )
+            for name in config.users
+        ],
+        allow_anonymous=config.allow_anonymous,
+        allow_plain_without_tls=config.allow_plain_without_tls,
     )
 
 
@@ -257,7 +287,12 @@ def _peers_from_proto(
 
 
 def _limits_from_proto(limits: router_pb2.RouterLimits) -> Limits:
-    for name in ("max_message_size", "max_connections", "max_links_per_connection"):
+    for name in (
+        "max_message_size",
+        "max_connections",
+        "max_links_per_connection",
+        "max_connections_per_user",
+    ):
         if getattr(limits, name) < 0:
             raise ConfigError(f"limit {name} must be >= 0, got {getattr(limits, name)}")
     if limits.idle_timeout_ms < 0:
@@ -267,6 +302,7 @@ def _limits_from_proto(limits: router_pb2.RouterLimits) -> Limits:
         max_connections=limits.max_connections,
         max_links_per_connection=limits.max_links_per_connection,
         idle_timeout_ms=limits.idle_timeout_ms,
+        max_connections_per_user=limits.max_connections_per_user,
     )
 
 
@@ -283,4 +319,55 @@ def _users_from_proto(users: Iterable[router_pb2.RouterUser]) -> dict[str, str]:
                 "(expected scrypt$<n>$<r>$<p>$<salt>$<hash>)"
             )
         found[user.username] = user.password_hash
+    return found
+
+
+def _rules_from_proto(user: router_pb2.RouterUser) -> tuple[Rule, ...]:
+    """A user's rules, each with at least one valid pattern and one known operation."""
+    rules = []
+    for number, rule in enumerate(user.authorization, start=1):
+        where = f"user '{user.username}': rule {number}"
+        if not rule.addresses:
+            raise ConfigError(f"{where} names no address")
+        for pattern in rule.addresses:
+            if problem := pattern_problem(pattern):
+                raise ConfigError(f"{where}: {problem}")
+        if not rule.operations:
+            raise ConfigError(f"{where} names no operation")
+        for operation in rule.operations:
+            if operation not in contracts.OPERATIONS:
+                raise ConfigError(
+                    f"{where}: '{operation}' is not an operation "
+                    f"(one of {', '.join(contracts.OPERATIONS)})"
+                )
+        rules.append(Rule(addresses=tuple(rule.addresses), operations=frozenset(rule.operations)))
+    return tuple(rules)
+
+
+_KEY_SIZES = {"SCRAM-SHA-256": 32, "SCRAM-SHA-512": 64}
+
+
+def _scram_from_proto(user: router_pb2.RouterUser) -> dict[str, ScramKeys]:
+    """A user's SCRAM keys by mechanism: known mechanisms, enough iterations, keys of the
+    mechanism's digest size, each mechanism once."""
+    found: dict[str, ScramKeys] = {}
+    for credential in user.scram_credentials:
+        where = f"user '{user.username}': SCRAM credential {credential.mechanism!r}"
+        if credential.mechanism not in SCRAM_MECHANISMS:
+            raise ConfigError(f"{where}: not one of {', '.join(SCRAM_MECHANISMS)}")
+        if credential.mechanism in found:
+            raise ConfigError(f"{where} is listed twice")
+        if credential.iterations < SCRAM_ITERATIONS:
+            raise ConfigError(f"{where}: iterations must be >= {SCRAM_ITERATIONS}")
+        size = _KEY_SIZES[credential.mechanism]
+        keys = (credential.stored_key, credential.server_key)
+        if not credential.salt or any(len(key) != size for key in keys):
+            raise ConfigError(f"{where}: needs a salt and {size}-byte stored and server keys")
+        found[credential.mechanism] = ScramKeys(
+            mechanism=credential.mechanism,
+            salt=credential.salt,
+            iterations=credential.iterations,
+            stored_key=credential.stored_key,
+            server_key=credential.server_key,
+        )
     return found

@@ -34,6 +34,13 @@ Producers get credit only while the address has somewhere to go (a reachable con
 an attached Active broker for waypoints); deliveries that find every target without credit wait in
 the address's pending queue, bounded by the credit the producers were given.
 
+Who may attach where: each client connection's record carries what its user may do
+(`permissions.Permissions`), checked once per link at attach (the answer stays with the link, so
+a named link's messages pay nothing), per new `to` on an anonymous relay link of a restricted
+user, and again for the live links of a user whose rules a new generation changed (those that
+lost their right are closed). A dynamic reply address is received from only on the connection
+that asked for it (`AddressPoint.creator`); anyone may send to one.
+
 Everything here runs on the engine thread; nothing blocks.
 """
 
@@ -56,12 +63,14 @@ from enmasse.amqp.engine import (
 )
 from enmasse.amqp.message_trace import MARK, flagged_unsampled
 from enmasse.amqp.wire import OUTCOME_ACCEPTED, OUTCOME_NONE
+from enmasse.resources.authorization import RECV, SEND
 from enmasse.router import windows
 from enmasse.router.addressing import (
     DYNAMIC,
     ReplyAddresses,
     Resolution,
     UnknownAddress,
+    dynamic_owner,
     resolve,
 )
 from enmasse.router.config import RouterConfig
@@ -69,6 +78,7 @@ from enmasse.router.fanout import CopyQueue
 from enmasse.router.hops import traced_hop
 from enmasse.router.inter_router import MeshLinks
 from enmasse.router.mesh import LinkStateDatabase
+from enmasse.router.permissions import Permissions, logged_in_as
 from enmasse.router.points import (
     ANYCAST,
     BROKER_IN,
@@ -84,6 +94,7 @@ from enmasse.router.points import (
     PRODUCER,
     PRODUCER_BYTES,
     PRODUCER_WINDOW,
+    REVOKED,
     SWEEP_SECONDS,
     TRANSIT_IN,
     TRANSIT_OUT,
@@ -96,6 +107,12 @@ from enmasse.router.waypoints import BrokerLinks, BrokerSession
 from enmasse.router.windows import refill
 
 log = structlog.get_logger("enmasse.router")
+
+UNAUTHORIZED = "amqp:unauthorized-access"
+LIMIT_EXCEEDED = "amqp:resource-limit-exceeded"
+# An anonymous sender's decisions per `to` are kept up to this many; then they start afresh
+# (a sender replying to many reply addresses must not grow the dict without end).
+MAX_SEND_DECISIONS = 1024
 
 
 class ConnectionHandlers(Protocol):
@@ -143,6 +160,7 @@ class Router:
         self._max_message_size = config.limits.max_message_size
         self.log.info("config applied", generation=config.generation, space=config.space)
         self._retire_addresses(previous)
+        self._apply_rules(previous)
         self.broker_links.sync()
         self.mesh_links.sync_peers()
         self.mesh_links.advertise()
@@ -243,22 +261,33 @@ class Router:
     # ------------------------------------------------------------------ client connections
 
     def open_connection(self, conn: Connection, *, role: ConnectionRole) -> ConnectionRecord | None:
-        """Registers a connection; None (and the connection closed) when over the limit."""
-        limit = self.config.limits.max_connections
-        if role is ConnectionRole.NORMAL and limit:
-            clients = sum(1 for r in self.connections.values() if r.role is ConnectionRole.NORMAL)
-            if clients >= limit:
-                conn.close(
-                    Condition(
-                        "amqp:resource-limit-exceeded",
-                        f"too many connections: this router allows {limit}",
-                    )
-                )
+        """Registers a connection; None (and the connection closed) when over a limit."""
+        user = None
+        if role is ConnectionRole.NORMAL:
+            user = logged_in_as(conn.user, configured=self.config.users)
+            refusal = self._over_connection_limits(user)
+            if refusal is not None:
+                conn.close(Condition(LIMIT_EXCEEDED, refusal))
                 return None
         record = ConnectionRecord(id=next(self._connection_ids), role=role, connection=conn)
+        if role is ConnectionRole.NORMAL:
+            record.permissions = self._permissions(user)
         conn.context = record
         self.connections[record.id] = record
         return record
+
+    def _over_connection_limits(self, user: str | None) -> str | None:
+        """Why one more client connection (of `user`; None: anonymous) is refused, or None."""
+        limits = self.config.limits
+        if not (limits.max_connections or (user and limits.max_connections_per_user)):
+            return None
+        clients = [r for r in self.connections.values() if r.role is ConnectionRole.NORMAL]
+        if limits.max_connections and len(clients) >= limits.max_connections:
+            return f"too many connections: this router allows {limits.max_connections}"
+        per_user = limits.max_connections_per_user
+        if user and per_user and sum(1 for r in clients if r.permissions.user == user) >= per_user:
+            return f"too many connections for user '{user}': this router allows {per_user}"
+        return None
 
     def close_record(self, conn: Connection) -> None:
         record = conn.context
@@ -274,7 +303,7 @@ class Router:
         if limit and sum(1 for other in link.connection.links if other.is_open) >= limit:
             link.refuse(
                 Condition(
-                    "amqp:resource-limit-exceeded",
+                    LIMIT_EXCEEDED,
                     f"too many links on this connection: this router allows {limit}",
                 )
             )
@@ -285,10 +314,15 @@ class Router:
             self._attach_producer(link)
 
     def _attach_producer(self, link: Link) -> None:
+        permissions: Permissions = link.connection.context.permissions
         if link.address is None:
-            link.context = LinkState(role=PRODUCER)
+            sends: dict[str, bool] | None = None if permissions.sends_everywhere else {}
+            link.context = LinkState(role=PRODUCER, sends=sends)
             link.accept()
             link.flow(self.first_window(PRODUCER_WINDOW, PRODUCER_BYTES))
+            return
+        if not self._may_send(permissions, link.address):
+            link.refuse(Condition(UNAUTHORIZED, permissions.refusal(SEND, link.address)))
             return
         try:
             resolution = resolve(link.address, config=self.config)
@@ -313,6 +347,7 @@ class Router:
         )
 
     def _attach_consumer(self, link: Link) -> None:
+        record: ConnectionRecord = link.connection.context
         if link.source.dynamic:
             address = self.replies.allocate()
             link.set_dynamic_address(address)
@@ -321,12 +356,18 @@ class Router:
             if not link.address:
                 link.refuse(Condition("amqp:not-found", "a consumer needs a source address"))
                 return
+            refusal = self._recv_refusal(record, link.address)
+            if refusal is not None:
+                link.refuse(Condition(UNAUTHORIZED, refusal))
+                return
             try:
                 resolution = resolve(link.address, config=self.config)
             except UnknownAddress as error:
                 link.refuse(Condition("amqp:not-found", str(error)))
                 return
         point = self._point(resolution)
+        if link.source.dynamic:
+            point.creator = record
         state = LinkState(role=CONSUMER, point=point)
         link.context = state
         link.accept()
@@ -366,6 +407,89 @@ class Router:
             self.points.pop(point.address, None)
         self.mesh_links.advertise()
 
+    # ------------------------------------------------------------------ authorization
+
+    def _permissions(self, user: str | None) -> Permissions:
+        return Permissions(user=user, rules=self.config.rules.get(user, ()) if user else ())
+
+    @staticmethod
+    def _may_send(permissions: Permissions, address: str) -> bool:
+        """Anyone may send to a reply address (request/response needs that); elsewhere, the
+        user's rules say."""
+        return dynamic_owner(address) is not None or permissions.may(SEND, address)
+
+    def _recv_refusal(self, record: ConnectionRecord, address: str) -> str | None:
+        """Why this connection may not receive from `address` (the description), or None. A
+        reply address is received from only on the connection that asked for it."""
+        permissions = record.permissions
+        if dynamic_owner(address) is not None:
+            point = self.points.get(address)
+            if point is None or point.creator is not record:
+                return (
+                    f"{permissions.refusal(RECV, address)}: a reply address belongs to the "
+                    "connection that made it"
+                )
+            return None
+        if not permissions.may(RECV, address):
+            return permissions.refusal(RECV, address)
+        return None
+
+    def _decide_send(self, link: Link, sends: dict[str, bool], to: str) -> bool:
+        """An anonymous sender's first message to `to`: decided, and kept for the next ones."""
+        allowed = self._may_send(link.connection.context.permissions, to)
+        if len(sends) >= MAX_SEND_DECISIONS:
+            sends.clear()
+        sends[to] = allowed
+        return allowed
+
+    def _apply_rules(self, previous: RouterConfig) -> None:
+        """A generation that changed users' rules: each live link of those users is checked
+        again, and one that lost its right is closed with amqp:unauthorized-access."""
+        old, new = previous.rules, self.config.rules
+        changed = {user for user in old.keys() | new.keys() if old.get(user) != new.get(user)}
+        if not changed:
+            return
+        revoked = 0
+        for record in list(self.connections.values()):
+            user = record.permissions.user
+            if user is None or user not in changed:
+                continue
+            record.permissions = self._permissions(user)
+            for link in record.connection.links:
+                revoked += self._recheck(link, record.permissions)
+        if revoked:
+            self.log.info("links closed by changed rules", links=revoked, users=sorted(changed))
+
+    def _recheck(self, link: Link, permissions: Permissions) -> int:
+        """Checks one live client link against new rules; 1 when it was closed, else 0."""
+        state = link.context
+        if not isinstance(state, LinkState) or not link.is_open:
+            return 0
+        point = state.point
+        if state.role is PRODUCER and point is None:
+            state.sends = None if permissions.sends_everywhere else {}
+            return 0
+        if point is None or point.kind == DYNAMIC:
+            return 0  # a reply address stays its connection's, whatever the rules
+        if state.role is PRODUCER:
+            operation = SEND
+        elif state.role is CONSUMER:
+            operation = RECV
+        else:
+            return 0
+        if permissions.may(operation, point.address):
+            return 0
+        self._revoke(link, Condition(UNAUTHORIZED, permissions.refusal(operation, point.address)))
+        return 1
+
+    def _revoke(self, link: Link, error: Condition) -> None:
+        """Takes the link out of its address point now (no delivery goes to it or comes from
+        it any more; a durable subscriber's broker links are detached, not closed, so its
+        subscription stays) and closes it with `error`."""
+        self.client_detach(link, closed=False)
+        link.context = LinkState(role=REVOKED)
+        link.close(error)
+
     # ------------------------------------------------------------------ deliveries in
 
     def message(self, link: Link, delivery: Delivery) -> None:
@@ -389,11 +513,16 @@ class Router:
             self._from_multicast(link, state, delivery)
         elif role is CONTROL_IN:
             self.mesh_links.from_control(link, state, delivery)
+        elif role is REVOKED:
+            _refuse_revoked(delivery)
 
     def _traced_message(self, link: Link, state: LinkState, delivery: Delivery) -> None:
         """A message that may be sampled: forwarded as usual, recorded as this router's hop."""
         role = state.role
         point = state.point
+        if role is REVOKED:
+            _refuse_revoked(delivery)
+            return
         if role is PRODUCER:
             forward = lambda: self._from_producer(link, state, delivery)  # noqa: E731
         elif role is BROKER_IN:
@@ -431,7 +560,7 @@ class Router:
             return
         point = state.point
         if point is None:
-            self._from_anonymous(link, delivery)
+            self._from_anonymous(link, state, delivery)
             return
         point.counters.deliveries_in += 1
         if point.kind == MULTICAST:
@@ -440,18 +569,22 @@ class Router:
             self.route(point, delivery)
         self._top_up(link, state, len(delivery.payload))
 
-    def _from_anonymous(self, link: Link, delivery: Delivery) -> None:
+    def _from_anonymous(self, link: Link, state: LinkState, delivery: Delivery) -> None:
         """A message with its address in `to`. Its credit comes back at once, unless it waits
         for a consumer: then when the wait ends (`grant_credit`), so that an anonymous sender
         too has at most its window waiting here."""
-        waits_at = self._route_anonymous(delivery)
+        waits_at = self._route_anonymous(link, state, delivery)
         if waits_at is None:
             link.flow(1)
         else:
             waits_at.anonymous_owed.append(link)
 
-    def _route_anonymous(self, delivery: Delivery) -> AddressPoint | None:
-        """Routes by `to` (or refuses); the address point where the delivery now waits, if so."""
+    def _route_anonymous(
+        self, link: Link, state: LinkState, delivery: Delivery
+    ) -> AddressPoint | None:
+        """Routes by `to` (or refuses); the address point where the delivery now waits, if so.
+        A sender whose user may not send everywhere has each `to` checked once (`state.sends`
+        keeps the decisions): a repeated `to` costs one dict lookup."""
         try:
             to = delivery.to
         except codec.CodecError as error:
@@ -469,6 +602,18 @@ class Router:
                 ),
             )
             return None
+        sends = state.sends
+        if sends is not None:
+            allowed = sends.get(to)
+            if allowed is None:
+                allowed = self._decide_send(link, sends, to)
+            if not allowed:
+                permissions: Permissions = link.connection.context.permissions
+                delivery.settle(
+                    Outcome.REJECTED,
+                    error=Condition(UNAUTHORIZED, permissions.refusal(SEND, to)),
+                )
+                return None
         try:
             resolution = resolve(to, config=self.config)
         except UnknownAddress as error:
@@ -771,6 +916,14 @@ class Router:
             return False
         record.connection.close(Condition("amqp:connection:forced", reason))
         return True
+
+
+def _refuse_revoked(delivery: Delivery) -> None:
+    """A message that was on its way when its link lost the right to send."""
+    delivery.settle(
+        Outcome.REJECTED,
+        error=Condition(UNAUTHORIZED, "the link lost its right to send: it is being closed"),
+    )
 
 
 def _safe_to(delivery: Delivery) -> str | None:

@@ -1,10 +1,12 @@
 """What the router keeps per address and per link: the state its three parts share.
 
 `AddressPoint`: one address as this router serves it (local consumers, the targets a delivery may
-go to, producers, deliveries waiting for credit, counters). `LinkState`: what one link is to the
-router (its `Role`, its address point, and per role a few fields), kept in `link.context` so that
-every engine event finds it without a lookup. `ConnectionRecord`: a connection's id and counters,
-in `connection.context`. The names of the router's own inter-router nodes live here too.
+go to, producers, deliveries waiting for credit, counters; for a dynamic reply address, the
+connection it belongs to). `LinkState`: what one link is to the router (its `Role`, its address
+point, and per role a few fields), kept in `link.context` so that every engine event finds it
+without a lookup. `ConnectionRecord`: a connection's id and counters, in `connection.context`,
+with what the connection's user may do (`permissions.Permissions`). The names of the router's own
+inter-router nodes live here too.
 
 Plain data: the forwarding core (`forwarding`), the mesh side (`inter_router`) and the broker
 side (`waypoints`) read and change it; nothing here does I/O.
@@ -22,6 +24,7 @@ from enmasse.router.addressing import Resolution
 from enmasse.router.balancing import Balancer
 from enmasse.router.config import Distribution
 from enmasse.router.fanout import CopyQueue
+from enmasse.router.permissions import UNRESTRICTED, Permissions
 from enmasse.router.stats import AddressCounters
 
 # Credit a producer holds (topped up by half-windows as its deliveries move on). 250 starved a
@@ -63,6 +66,7 @@ class Role(enum.Enum):
     CONTROL_OUT = "control-out"
     BROKER_OUT = "broker-out"  # we send a waypoint address's deliveries to a broker
     BROKER_IN = "broker-in"  # a broker sends us deliveries for one client consumer
+    REVOKED = "revoked"  # a client link that lost its right: closed, out of its address point
 
 
 # The roles by module name, for the per-message paths: Python 3.11 looks an enum member up
@@ -72,6 +76,7 @@ TRANSIT_IN, TRANSIT_OUT = Role.TRANSIT_IN, Role.TRANSIT_OUT
 MULTICAST_IN, MULTICAST_OUT = Role.MULTICAST_IN, Role.MULTICAST_OUT
 CONTROL_IN, CONTROL_OUT = Role.CONTROL_IN, Role.CONTROL_OUT
 BROKER_OUT, BROKER_IN = Role.BROKER_OUT, Role.BROKER_IN
+REVOKED = Role.REVOKED
 
 
 class ConnectionRole(enum.Enum):
@@ -97,6 +102,7 @@ class AddressPoint:
     counters: AddressCounters = field(default_factory=AddressCounters)
     multicast_hops: dict[str, list[str]] = field(default_factory=dict)  # origin -> neighbours
     seen_at_sweep: int = -1  # deliveries_in at the last housekeeping sweep
+    creator: ConnectionRecord | None = None  # dynamic: the connection that asked for it
 
     @property
     def waypoint(self) -> bool:
@@ -119,6 +125,8 @@ class LinkState:
     unflowed_bytes: int = 0  # ... and what they weighed
     window: int = 0  # producer, transit in: the credit it holds when topped up (`windows.py`)
     held_back: list[Link] = field(default_factory=list)  # transit out: transit in awaiting credit
+    # Anonymous producer whose user may not send everywhere: `to` -> allowed (None: no check).
+    sends: dict[str, bool] | None = None
 
 
 @dataclass(eq=False)
@@ -128,6 +136,7 @@ class ConnectionRecord:
     connection: Connection
     deliveries_in: int = 0
     deliveries_out: int = 0
+    permissions: Permissions = UNRESTRICTED  # client connections: what its user may do
 
 
 def mesh_target(address: str) -> tuple[str, str]:
