@@ -31,7 +31,7 @@ SPACE = "gitshop"
 def space_manifest() -> str:
     return (
         "apiVersion: enmasse.io/v1\nkind: AddressSpace\n"
-        f"metadata: {{name: {SPACE}}}\nspec: {{type: standard, plan: standard-small}}\n"
+        f"metadata: {{name: {SPACE}}}\nspec: {{type: standard, plan: development}}\n"
     )
 
 

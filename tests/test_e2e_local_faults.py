@@ -27,7 +27,9 @@ from tests.fixtures.local_runtime import LocalRuntime, logs, wait_until
 pytestmark = pytest.mark.slow
 
 
-def space_manifest(name: str, plan: str = "standard-small") -> str:
+def space_manifest(name: str, plan: str = "development") -> str:
+    """A space whose clients get in anonymously (the development plan): these tests are about
+    crashes, not logins."""
     return (
         "---\napiVersion: enmasse.io/v1\nkind: AddressSpace\n"
         f"metadata: {{name: {name}}}\nspec: {{type: standard, plan: {plan}}}\n"
@@ -128,6 +130,7 @@ spec:
   addressSpaceType: standard
   addressPlans: [e2e-half-queue]
   quotas: {maxAddresses: 10, maxBrokers: 3, maxConnections: 100, maxRouters: 1}
+  allowAnonymous: true
 """
 
 

@@ -2,8 +2,9 @@
 
 One `enmasse up` for the session (`local_runtime`), one address space `shop` applied as manifests
 through the CLI, and real AMQP clients on the space's router endpoint (read from the space's status,
-as a user would). What is asserted is what clients see: bodies, their order, outcomes, none lost,
-none extra, and the router's error text.
+as a user would), logged in as the space's MessagingUser with SCRAM (its plan, standard-small,
+lets no one in anonymously). What is asserted is what clients see: bodies, their order, outcomes,
+none lost, none extra, and the router's error text.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
-from enmasse.amqp import codec
+from enmasse.amqp import codec, sasl
 from enmasse.amqp.client import AmqpError, Client, Receiver
-from enmasse.amqp.engine import Delivery, Outcome, Terminus
+from enmasse.amqp.engine import Condition, Delivery, Outcome, Terminus
 
 from tests.fixtures.local_runtime import LocalRuntime, enmasse
 
@@ -32,7 +33,16 @@ apiVersion: enmasse.io/v1
 kind: AddressSpace
 metadata: {name: shop}
 spec: {type: standard, plan: standard-small}
+---
+apiVersion: enmasse.io/v1
+kind: MessagingUser
+metadata: {name: shopper, space: shop}
+spec:
+  username: shopper
+  password: shop-password
+  authorization: [{addresses: ["#"], operations: [send, recv]}]
 """
+USER, PASSWORD = "shopper", "shop-password"
 
 ADDRESSES = {
     "waiting": ("queue", "standard-small-queue", ""),
@@ -73,7 +83,15 @@ def connect(shop: int) -> Iterator[Connect]:
     opened: list[Client] = []
 
     def make(container_id: str | None = None) -> Client:
-        client = Client("127.0.0.1", shop, timeout=15, container_id=container_id)
+        client = Client(
+            "127.0.0.1",
+            shop,
+            timeout=15,
+            container_id=container_id,
+            user=USER,
+            password=PASSWORD,
+            mechanisms=sasl.CLIENT_MECHANISMS,
+        )
         opened.append(client)
         return client
 
@@ -260,6 +278,35 @@ def test_deleting_an_address_ends_its_traffic_with_a_clear_error(
     while not (text := refused()) and time.monotonic() < deadline:
         time.sleep(0.3)
     assert text == "attach refused: amqp:not-found: no address 'doomed' in space 'shop'"
+
+
+def test_the_router_lets_in_only_the_spaces_users(shop: int, connect: Connect) -> None:
+    """The space's user gets in with SCRAM (the keys config derived, the agent passed on); no
+    one gets in anonymously, nor with PLAIN over the plain port, nor with a wrong password."""
+    user = connect()
+    assert user.call(lambda: user.connection.user) == "shopper"
+    refusals = []
+    for login in (
+        lambda: Client("127.0.0.1", shop, timeout=15),
+        # proton's PLAIN, which the plan does not offer on the plain port
+        lambda: Client("127.0.0.1", shop, timeout=15, user=USER, password=PASSWORD),
+        lambda: Client(
+            "127.0.0.1",
+            shop,
+            timeout=15,
+            user=USER,
+            password="guess",
+            mechanisms=sasl.CLIENT_MECHANISMS,
+        ),
+    ):
+        with pytest.raises(AmqpError) as refused:
+            login().close()
+        refusals.append(refused.value.condition)
+    assert refusals == [
+        Condition("amqp:unauthorized-access", "Authentication failed [mech=none]"),
+        Condition("amqp:unauthorized-access", "Authentication failed [mech=none]"),
+        Condition("amqp:unauthorized-access", "Authentication failed [mech=SCRAM-SHA-512]"),
+    ]
 
 
 def test_a_brokered_space_serves_clients_from_its_one_broker(local_runtime: LocalRuntime) -> None:

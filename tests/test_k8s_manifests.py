@@ -7,12 +7,18 @@ applied by hand. Out: assertions on what a cluster would be handed:
 
 - core objects pass `kubernetes-validate` in strict mode (unknown fields refused) for the
   Kubernetes version below;
-- Argo CD objects pass the schemas of Argo CD's CRDs, compiled by the npm package
-  `@kubernetes-models/argo-cd` (k8s/schemas/, installed by scripts/setup with `npm ci`), through
-  k8s/schemas/validate-argocd.mjs: kubernetes-validate has no schema for custom resources;
+- Argo CD and cert-manager objects pass the schemas of their CRDs, compiled by the npm packages
+  `@kubernetes-models/argo-cd` and `@kubernetes-models/cert-manager` (k8s/schemas/, installed by
+  scripts/setup with `npm ci`), through k8s/schemas/validate-argocd.mjs: kubernetes-validate has
+  no schema for custom resources;
 - the platform has what DESIGN §5 promises (a 3-member etcd with volumes, a Deployment + Service +
   PDB per control-plane service with gRPC readiness, limits everywhere, non-root, only routers
-  open to the outside), and each tenant's ConfigMap holds manifests `enmasse validate` accepts.
+  open to the outside), and each tenant's ConfigMap holds manifests `enmasse validate` accepts;
+- transport security as `enmasse up` has it: every gRPC Deployment mounts a Secret a
+  cert-manager Certificate issues and passes `--tls-dir`, every Certificate's Issuer exists,
+  etcd serves https to its own CA's client certificates only, config runs with `--auth`, each
+  controller with its own token, no Secret with a literal value is in git, and the exec health
+  probe (kubelet's grpc probe has no client certificate) answers against a real mTLS server.
 
 A missing tool fails the test with how to install it: CI installs everything, so a skip would
 only hide a broken setup. Two negative controls prove the validators can say no.
@@ -20,6 +26,7 @@ only hide a broken setup. Two negative controls prove the validators can say no.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import shutil
@@ -35,10 +42,14 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from enmasse.cli.main import cli
+from enmasse.common.certificates import CONTROL_PLANE as CONTROL_PLANE_ROLE
+from enmasse.common.certificates import Holder, ensure_authority, ensure_certificate
+from enmasse.common.serving import start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
 SCHEMAS = K8S / "schemas"
+SCHEMA_PACKAGES = ("argo-cd", "cert-manager")
 # The oldest Kubernetes the manifests promise to run on (gRPC probes are GA since 1.27).
 KUBERNETES_VERSION = "1.32.0"
 CONTROL_PLANE = {
@@ -48,6 +59,9 @@ CONTROL_PLANE = {
     "subscription": 5683,
 }
 OVERLAYS = ["overlays/dev", "overlays/prod"]
+# The exec health probe (ConfigMap enmasse-grpc-probe) and where each pod's certificate is.
+PROBE = ["python", "/etc/enmasse/probe/health_probe.py"]
+TLS_DIR = "/etc/enmasse/tls"
 KUSTOMIZATIONS = sorted(
     str(path.parent.relative_to(K8S))
     for path in K8S.rglob("kustomization.yaml")
@@ -68,10 +82,11 @@ def _node() -> str:
     node = shutil.which("node")
     if node is None:
         pytest.fail("node not found: scripts/setup installs nodejs (apt) for the Argo CD schemas")
-    if not (SCHEMAS / "node_modules" / "@kubernetes-models" / "argo-cd").is_dir():
-        pytest.fail(
-            "Argo CD schemas missing: run `npm ci --prefix k8s/schemas` (scripts/setup does)"
-        )
+    for package in SCHEMA_PACKAGES:
+        if not (SCHEMAS / "node_modules" / "@kubernetes-models" / package).is_dir():
+            pytest.fail(
+                f"{package} schemas missing: run `npm ci --prefix k8s/schemas` (scripts/setup does)"
+            )
     return node
 
 
@@ -116,8 +131,10 @@ def argocd_verdicts(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return verdicts
 
 
-def is_argocd(obj: dict[str, Any]) -> bool:
-    return str(obj.get("apiVersion", "")).startswith("argoproj.io/")
+def is_custom_resource(obj: dict[str, Any]) -> bool:
+    """Argo CD's and cert-manager's objects: validate-argocd.mjs judges them, not
+    kubernetes-validate."""
+    return str(obj.get("apiVersion", "")).startswith(("argoproj.io/", "cert-manager.io/"))
 
 
 def named(objects: tuple[dict[str, Any], ...], kind: str) -> dict[str, dict[str, Any]]:
@@ -144,11 +161,13 @@ def test_kustomization_builds_into_schema_valid_objects(directory: str) -> None:
     assert objects, f"{directory} renders nothing"
     keys = [(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]) for o in objects]
     assert len(keys) == len(set(keys)), f"{directory} renders an object twice"
-    core_errors = [e for o in objects if not is_argocd(o) and (e := strict_schema_errors(o))]
+    core_errors = [
+        e for o in objects if not is_custom_resource(o) and (e := strict_schema_errors(o))
+    ]
     assert core_errors == []
-    argo = [o for o in objects if is_argocd(o)]
-    if argo:
-        assert [v for v in argocd_verdicts(argo) if v["errors"]] == []
+    custom = [o for o in objects if is_custom_resource(o)]
+    if custom:
+        assert [v for v in argocd_verdicts(custom) if v["errors"]] == []
 
 
 def test_argocd_objects_pass_the_argocd_schemas() -> None:
@@ -169,7 +188,7 @@ def test_the_validators_refuse_broken_objects() -> None:
     """Negative controls: without them a validator that accepts anything would pass the above."""
     deployment = dict(named(build("overlays/dev"), "Deployment")["config"])
     broken = json.loads(json.dumps(deployment))
-    broken["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["grpc"]["prot"] = 1
+    broken["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["exec"]["prot"] = 1
     error = strict_schema_errors(broken)
     assert error is not None
     assert "prot" in error
@@ -182,6 +201,13 @@ def test_the_validators_refuse_broken_objects() -> None:
     del application["spec"]["destination"]
     (verdict,) = argocd_verdicts([application])
     assert any("spec/project must be string" in e for e in verdict["errors"]), verdict
+
+    certificate = json.loads(json.dumps(named(build("base"), "Certificate")["config"]))
+    certificate["spec"]["secretName"] = 7
+    del certificate["spec"]["issuerRef"]["name"]
+    (verdict,) = argocd_verdicts([certificate])
+    assert any("spec/secretName must be string" in e for e in verdict["errors"]), verdict
+    assert any("issuerRef must have required property name" in e for e in verdict["errors"])
 
 
 # ---------------------------------------------------------------- what the platform promises
@@ -197,7 +223,7 @@ def test_etcd_is_a_three_member_statefulset_with_volumes(overlay: str) -> None:
     assert service["spec"]["clusterIP"] == "None"
     args = etcd["spec"]["template"]["spec"]["containers"][0]["args"]
     members = next(a for a in args if a.startswith("--initial-cluster="))
-    assert members.count("http://etcd-") == 3
+    assert members.count("https://etcd-") == 3
     assert named(objects, "PodDisruptionBudget")["etcd"]["spec"]["minAvailable"] == 2
 
 
@@ -210,7 +236,8 @@ def test_each_control_plane_service_is_deployed_with_grpc_readiness(overlay: str
         pod = deployments[name]["spec"]["template"]["spec"]
         container = pod["containers"][0]
         assert container["image"].startswith(f"enmasse-py/{name}:"), container["image"]
-        assert container["readinessProbe"]["grpc"]["port"] == port
+        # mTLS: kubelet's grpc probe has no client certificate, the exec probe has the pod's.
+        assert container["readinessProbe"]["exec"]["command"][:3] == [*PROBE, str(port)]
         assert "livenessProbe" in container
         assert container["ports"][0]["containerPort"] == port
         assert services[name]["spec"]["ports"][0]["port"] == port
@@ -298,6 +325,219 @@ def test_traces_go_to_the_collector(overlay: str) -> None:
     for name in CONTROL_PLANE:
         env = named(objects, "Deployment")[name]["spec"]["template"]["spec"]["containers"][0]["env"]
         assert {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": "http://otel-collector:4317"} in env
+
+
+# ---------------------------------------------------------------- transport security
+
+
+def _secret_mounts(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+    """mountPath -> name of the Secret mounted there, for one container of a pod."""
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    return {
+        m["mountPath"]: secrets[m["name"]]
+        for m in container["volumeMounts"]
+        if m["name"] in secrets
+    }
+
+
+def _flag(args: list[str], name: str) -> str | None:
+    return next((a.split("=", 1)[1] for a in args if a.startswith(f"{name}=")), None)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_grpc_deployment_serves_mutual_tls_from_a_certificate(overlay: str) -> None:
+    objects = build(overlay)
+    issued = {c["spec"]["secretName"]: c for c in named(objects, "Certificate").values()}
+    deployments = named(objects, "Deployment")
+    serving_grpc = {
+        name
+        for name, d in deployments.items()
+        if any(
+            p.get("name") == "grpc" for p in d["spec"]["template"]["spec"]["containers"][0]["ports"]
+        )
+    }
+    assert serving_grpc == set(CONTROL_PLANE)
+    for name in serving_grpc:
+        pod = deployments[name]["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        assert _flag(container["args"], "--tls-dir") == TLS_DIR, name
+        secret = _secret_mounts(pod, container)[TLS_DIR]
+        certificate = issued[secret]["spec"]
+        assert certificate["subject"]["organizationalUnits"] == ["control-plane"], name
+        assert certificate["issuerRef"]["name"] == "enmasse-ca", name
+        # Clients dial `<service>:<port>`, the exec probe localhost: the certificate names both.
+        assert {name, f"{name}.enmasse.svc", "localhost"} <= set(certificate["dnsNames"]), name
+        assert {"server auth", "client auth"} <= set(certificate["usages"]), name
+        for probe in ("readinessProbe", "livenessProbe"):
+            if "exec" in container.get(probe, {}):
+                assert container[probe]["exec"]["command"][:2] == PROBE, (name, probe)
+        assert "/etc/enmasse/probe" in {m["mountPath"] for m in container["volumeMounts"]}
+
+
+def test_routers_and_brokers_have_their_role_certificates() -> None:
+    certificates = {
+        c["spec"]["secretName"]: c["spec"] for c in named(build("base"), "Certificate").values()
+    }
+    assert certificates["enmasse-router-tls"]["subject"]["organizationalUnits"] == ["data-plane"]
+    assert certificates["enmasse-broker-tls"]["subject"]["organizationalUnits"] == ["broker"]
+    admin = certificates["enmasse-admin-tls"]
+    assert admin["subject"]["organizationalUnits"] == ["control-plane"]
+    assert "server auth" not in admin["usages"]
+
+
+def test_rendered_routers_and_brokers_mount_their_role_certificate_and_probe() -> None:
+    """The GitOps output's pods read the Secret a base Certificate issues through
+    $ENMASSE_TLS_DIR, and probe readiness with the base's probe script."""
+    # Imported here: a service that does not import fails this test, not the whole file.
+    from enmasse.resources.rendered_brokers import Broker, LocalPorts
+    from enmasse.resources.rendered_routers import LocalRouterPorts, RouterWorkload
+    from enmasse.router_agent.workloads import render_router
+    from enmasse.storage_controller.workloads import render_broker
+
+    base = build("base")
+    roles = {
+        c["spec"]["secretName"]: c["spec"].get("subject", {}).get("organizationalUnits")
+        for c in named(base, "Certificate").values()
+    }
+    probe = named(base, "ConfigMap")["enmasse-grpc-probe"]["data"]
+    texts = {
+        "data-plane": render_router(
+            RouterWorkload(space="shop", router_id="router-0", ports=LocalRouterPorts(1, 2, 3))
+        ),
+        "broker": render_broker(
+            space="shop", broker=Broker("shop-broker-0", pooled=True), ports=LocalPorts(4, 5)
+        ),
+    }
+    for role, text in texts.items():
+        (statefulset,) = [d for d in yaml.safe_load_all(text) if d and d["kind"] == "StatefulSet"]
+        pod = statefulset["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        assert {"name": "ENMASSE_TLS_DIR", "value": TLS_DIR} in container["env"], role
+        assert roles[_secret_mounts(pod, container)[TLS_DIR]] == [role]
+        command = container["readinessProbe"]["exec"]["command"]
+        assert command[:2] == PROBE, role
+        assert command[1].rpartition("/")[2] in probe, role
+        probe_volume = {v["name"]: v for v in pod["volumes"]}["grpc-probe"]
+        assert probe_volume["configMap"]["name"] == "enmasse-grpc-probe"
+
+
+@pytest.mark.parametrize("directory", ["base", *OVERLAYS])
+def test_every_certificate_has_an_issuer_and_every_ca_issuer_a_ca_certificate(
+    directory: str,
+) -> None:
+    objects = build(directory)
+    issuers, certificates = named(objects, "Issuer"), named(objects, "Certificate")
+    assert certificates
+    for name, certificate in certificates.items():
+        ref = certificate["spec"]["issuerRef"]
+        assert ref.get("kind", "Issuer") == "Issuer", name
+        assert ref["name"] in issuers, f"Certificate {name}: no Issuer {ref['name']}"
+    ca_certificates = {
+        c["spec"]["secretName"] for c in certificates.values() if c["spec"].get("isCA") is True
+    }
+    for name, issuer in issuers.items():
+        spec = issuer["spec"]
+        assert set(spec) <= {"selfSigned", "ca"}, name
+        if "ca" in spec:
+            assert spec["ca"]["secretName"] in ca_certificates, name
+    # Two CAs: the gRPC one, and etcd's own, which issues etcd's and config's etcd client only.
+    etcd_issued = {
+        c["spec"]["secretName"]
+        for c in certificates.values()
+        if c["spec"]["issuerRef"]["name"] == "enmasse-etcd-ca"
+    }
+    assert etcd_issued == {"enmasse-etcd-tls", "enmasse-config-etcd-tls"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_etcd_serves_https_to_its_own_cas_client_certificates_only(overlay: str) -> None:
+    objects = build(overlay)
+    issued = {c["spec"]["secretName"]: c["spec"] for c in named(objects, "Certificate").values()}
+    etcd = named(objects, "StatefulSet")["etcd"]["spec"]["template"]["spec"]
+    (container,) = etcd["containers"]
+    args = container["args"]
+    assert "--client-cert-auth" in args
+    assert "--peer-client-cert-auth" in args
+    for flag in ("--listen-client-urls", "--advertise-client-urls", "--listen-peer-urls"):
+        assert (_flag(args, flag) or "").startswith("https://"), flag
+    mounts = _secret_mounts(etcd, container)
+    directory = (_flag(args, "--cert-file") or "").rpartition("/")[0]
+    server = issued[mounts[directory]]
+    assert server["issuerRef"]["name"] == "enmasse-etcd-ca"
+    assert {"etcd", "*.etcd", "*.etcd.enmasse.svc"} <= set(server["dnsNames"])
+    assert _flag(args, "--trusted-ca-file") == f"{directory}/ca.crt"
+    # kubelet's probes use the plaintext health-only listener: no client certificate needed.
+    assert _flag(args, "--listen-metrics-urls") == "http://0.0.0.0:2381"
+    config = named(objects, "Deployment")["config"]["spec"]["template"]["spec"]
+    config_args = config["containers"][0]["args"]
+    etcd_tls = _flag(config_args, "--etcd-tls-dir")
+    client = issued[_secret_mounts(config, config["containers"][0])[etcd_tls or ""]]
+    assert client["issuerRef"]["name"] == "enmasse-etcd-ca"
+    assert client["usages"][-1] == "client auth"
+    assert "server auth" not in client["usages"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_config_requires_tokens_and_each_controller_has_its_own(overlay: str) -> None:
+    deployments = named(build(overlay), "Deployment")
+    config = deployments["config"]["spec"]["template"]["spec"]
+    args = config["containers"][0]["args"]
+    assert "--auth" in args
+    bootstrap = _flag(args, "--bootstrap-token-file") or ""
+    mounts = _secret_mounts(config, config["containers"][0])
+    assert mounts[bootstrap.rpartition("/")[0]] == "enmasse-admin-token"
+    for name in set(CONTROL_PLANE) - {"config"}:
+        pod = deployments[name]["spec"]["template"]["spec"]
+        token_file = _flag(pod["containers"][0]["args"], "--token-file") or ""
+        mounts = _secret_mounts(pod, pod["containers"][0])
+        assert mounts[token_file.rpartition("/")[0]] == f"enmasse-{name}-token", name
+
+
+def test_no_secret_value_is_in_git() -> None:
+    """Tokens and keys are made in the cluster (the operator's Secrets, cert-manager's keys)."""
+    for directory in KUSTOMIZATIONS:
+        for obj in build(directory):
+            if obj["kind"] == "Secret":
+                assert not obj.get("data"), obj["metadata"]["name"]
+                assert not obj.get("stringData"), obj["metadata"]["name"]
+    for path in K8S.rglob("*.yaml"):
+        if "node_modules" in path.parts:
+            continue
+        text = path.read_text()
+        assert "PRIVATE KEY-----" not in text, path
+        assert "kind: Secret\n" not in text, f"{path}: Secrets are the operator's, never git's"
+
+
+async def test_the_exec_health_probe_answers_through_mutual_tls(tmp_path: Path) -> None:
+    """The probe script of the ConfigMap, run as kubelet would, against a real mTLS gRPC port:
+    SERVING exits 0, a service that is not serving exits 1."""
+    script = named(build("base"), "ConfigMap")["enmasse-grpc-probe"]["data"]["health_probe.py"]
+    (tmp_path / "health_probe.py").write_text(script)
+    authority = ensure_authority(tmp_path / "ca", name="enmasse-ca")
+    tls = ensure_certificate(
+        tmp_path / "tls", Holder(name="config", role=CONTROL_PLANE_ROLE), authority=authority
+    )
+    server = await start_server(registrations=[], tls=tls)
+    await server.set_serving(False, service="enmasse.v1.ConfigService")
+
+    async def probe(*args: str) -> int:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(tmp_path / "health_probe.py"),
+            str(server.port),
+            *args,
+            env={"ENMASSE_TLS_DIR": str(tls.directory)},
+            stdout=asyncio.subprocess.DEVNULL,
+        )
+        return await asyncio.wait_for(process.wait(), timeout=30)
+
+    try:
+        assert await probe() == 0
+        assert await probe("enmasse.v1.ConfigService") == 1
+        await server.set_serving(True, service="enmasse.v1.ConfigService")
+        assert await probe("enmasse.v1.ConfigService") == 0
+    finally:
+        await server.stop(grace=0)
 
 
 # ---------------------------------------------------------------- tenants

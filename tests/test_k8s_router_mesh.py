@@ -143,7 +143,7 @@ def test_router_workloads_mount_the_mesh_secret_the_readme_names() -> None:
     pod = router_pod("shop")["spec"]
     (container,) = pod["containers"]
     args = dict(a.removeprefix("--").split("=", 1) for a in container["args"])
-    (volume,) = [v for v in pod["volumes"] if "secret" in v]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "mesh-secret"]
     assert volume["secret"]["secretName"] == mesh_secret_name("shop") == "shop-router-mesh"
     (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
     assert mount["readOnly"] is True

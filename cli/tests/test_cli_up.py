@@ -26,6 +26,8 @@ pytestmark = pytest.mark.slow
 
 CONTROL_PLANE = ["etcd", "config", "storage-controller", "router-agent", "subscription", "runtime"]
 DEMO_WORKLOADS = ["demo-router-0", "demo-broker-0", "jms-broker-0"]
+# The demo space's plan lets no one in without a user: the CLI logs in as the examples' user.
+LOGIN = ("--user", "app", "--password", "demo-password")
 
 
 def processes(status_out: str) -> dict[str, tuple[str, int]]:
@@ -88,16 +90,19 @@ def test_up_demo_sends_on_each_type_then_status_send_receive_crash_up_again_down
             status.stdout
         )
 
-        sent = enmasse(var, "send", "orders", "--body", "one", "--count", "2")
+        sent = enmasse(var, "send", *LOGIN, "orders", "--body", "one", "--count", "2")
         assert (sent.returncode, sent.stdout) == (
             0,
             "sent 2 messages to queue 'orders' (accepted)\n",
         )
-        got = enmasse(var, "receive", "orders", "--count", "2")
+        anonymous = enmasse(var, "send", "orders")
+        assert anonymous.returncode == 1
+        assert "amqp:unauthorized-access" in anonymous.stderr, anonymous.stderr
+        got = enmasse(var, "receive", *LOGIN, "orders", "--count", "2")
         assert (got.returncode, got.stdout) == (0, "one\none\n")
-        empty = enmasse(var, "receive", "orders", "--timeout", "1")
+        empty = enmasse(var, "receive", *LOGIN, "orders", "--timeout", "1")
         assert (empty.returncode, empty.stderr) == (1, "error: no message within 1 s on 'orders'\n")
-        unknown = enmasse(var, "send", "nosuch")
+        unknown = enmasse(var, "send", *LOGIN, "nosuch")
         assert (unknown.returncode, unknown.stderr) == (
             1,
             "error: 'nosuch': attach refused: amqp:not-found: "
@@ -105,14 +110,18 @@ def test_up_demo_sends_on_each_type_then_status_send_receive_crash_up_again_down
         )
         # A durable subscription keeps what the topic published while its reader was away.
         first = enmasse(
-            var, "receive", "prices", "--durable-subscription", "kept", "--timeout", "1"
+            var, "receive", *LOGIN, "prices", "--durable-subscription", "kept", "--timeout", "1"
         )
         assert first.stderr == "error: no message within 1 s on 'prices'\n"
         for body in ("away-1", "away-2"):
-            assert enmasse(var, "send", "prices", "--body", body, "--durable").returncode == 0
-        kept = enmasse(var, "receive", "prices", "--durable-subscription", "kept", "-n", "2")
+            assert (
+                enmasse(var, "send", *LOGIN, "prices", "--body", body, "--durable").returncode == 0
+            )
+        kept = enmasse(
+            var, "receive", *LOGIN, "prices", "--durable-subscription", "kept", "-n", "2"
+        )
         assert (kept.returncode, kept.stdout) == (0, "away-1\naway-2\n")
-        by_url = enmasse(var, "send", "events", "--url", f"amqp://127.0.0.1:{demo_port}")
+        by_url = enmasse(var, "send", *LOGIN, "events", "--url", f"amqp://127.0.0.1:{demo_port}")
         assert by_url.stdout == "sent 1 message to 'events' (accepted)\n"
 
         # A crashed router and a crashed control-plane service come back (supervisord).
@@ -138,9 +147,10 @@ def test_up_demo_sends_on_each_type_then_status_send_receive_crash_up_again_down
             assert after[name] == before[name]
         # The restarted router is on the same port, and carries messages again.
         assert wait_until(
-            lambda: enmasse(var, "send", "orders", "--body", "back").returncode == 0, timeout=60
+            lambda: enmasse(var, "send", *LOGIN, "orders", "--body", "back").returncode == 0,
+            timeout=60,
         ), logs(var)
-        assert enmasse(var, "receive", "orders").stdout == "back\n"
+        assert enmasse(var, "receive", *LOGIN, "orders").stdout == "back\n"
 
         ports = read_ports(VarDir(var))
         down = enmasse(var, "down")

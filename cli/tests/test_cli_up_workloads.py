@@ -47,7 +47,7 @@ def test_every_rendered_workload_becomes_one_program_with_its_pinned_ports(tmp_p
         "--inter-router-port=41001",
         "--admin-port=41002",
         f"--ports-file={tmp_path}/routers/demo/router-0/ports.json",
-        "--client-auth=optional",
+        "--client-auth=required",
         f"--mesh-secret-file={tmp_path}/routers/demo/mesh-secret",
     )
     assert router.workdir == tmp_path / "routers" / "demo" / "router-0"

@@ -21,6 +21,15 @@ def check(user: str, password: str) -> bool:
     return USERS.get(user) == password
 
 
+def passwords(checker=check, *, allow_anonymous: bool = False) -> sasl.Passwords:
+    """PLAIN on a plain listener, as these tests log in (the engine's default refuses it)."""
+    return sasl.Passwords(checker, allow_anonymous=allow_anonymous, allow_plain_without_tls=True)
+
+
+def exchange(*, allow_anonymous: bool) -> sasl.SaslServer:
+    return sasl.SaslServer(passwords(allow_anonymous=allow_anonymous), encrypted=False)
+
+
 def init_frame(mechanism: str, response: bytes) -> bytes:
     body = b"\x00\x53\x41" + b"\xc0" + bytes([2 + len(mechanism) + 2 + len(response) + 1, 2])
     body += b"\xa3" + bytes([len(mechanism)]) + mechanism.encode()
@@ -34,7 +43,7 @@ def answered(server: sasl.SaslServer, step: sasl.Step) -> sasl.Step:
 
 
 def test_exchange_accepts_the_right_password_and_keeps_what_follows():
-    server = sasl.SaslServer(check, allow_anonymous=False)
+    server = exchange(allow_anonymous=False)
     first = server.feed(sasl.SASL_HEADER)
     assert first.reply == sasl.SASL_HEADER + sasl.mechanisms_frame(("PLAIN",))
     assert not first.done
@@ -49,7 +58,7 @@ def test_exchange_accepts_the_right_password_and_keeps_what_follows():
 
 
 def test_an_authenticator_that_failed_denies_with_its_error():
-    server = sasl.SaslServer(check, allow_anonymous=False)
+    server = exchange(allow_anonymous=False)
     server.feed(sasl.SASL_HEADER)
     server.feed(init_frame("PLAIN", b"\x00alice\x00wonderland"))
     step = server.checked(False, failure="store unreachable")
@@ -59,7 +68,7 @@ def test_an_authenticator_that_failed_denies_with_its_error():
 
 
 def test_exchange_fed_one_byte_at_a_time():
-    server = sasl.SaslServer(check, allow_anonymous=True)
+    server = exchange(allow_anonymous=True)
     data = sasl.SASL_HEADER + init_frame("ANONYMOUS", b"") + sasl.AMQP_HEADER
     replies = b""
     for i in range(len(data)):
@@ -83,7 +92,7 @@ def test_exchange_fed_one_byte_at_a_time():
     ],
 )
 def test_exchange_refuses(mechanism, response, error):
-    server = sasl.SaslServer(check, allow_anonymous=False)
+    server = exchange(allow_anonymous=False)
     server.feed(sasl.SASL_HEADER)
     step = answered(server, server.feed(init_frame(mechanism, response)))
     assert (step.done, step.user, step.error) == (True, None, error)
@@ -93,7 +102,7 @@ def test_exchange_refuses(mechanism, response, error):
 
 
 def test_plain_amqp_without_sasl_is_told_sasl_is_required():
-    step = sasl.SaslServer(check, allow_anonymous=False).feed(sasl.AMQP_HEADER)
+    step = exchange(allow_anonymous=False).feed(sasl.AMQP_HEADER)
     assert (step.reply, step.done, step.error) == (sasl.SASL_HEADER, True, "SASL is required")
 
 
@@ -122,7 +131,7 @@ def test_clients_log_in_with_checked_passwords(amqp_listener, amqp_client):
             raise RuntimeError("store unreachable")
         return check(user, password)
 
-    _engine, port = amqp_listener(lambda: Greeter(users), authenticator=authenticator)
+    _engine, port = amqp_listener(lambda: Greeter(users), authenticator=passwords(authenticator))
     client = amqp_client(port, user="alice", password="wonderland")
     assert client.sender("in").send(codec.encode_message(b"hi")).outcome == Outcome.ACCEPTED
     for user, password in (("alice", "wrong"), ("crash", "x"), (None, None)):
@@ -153,7 +162,7 @@ def test_a_login_being_checked_holds_up_no_other_connection(amqp_listener, amqp_
             return password == "patience"
         return check(user, password)
 
-    _engine, port = amqp_listener(lambda: Greeter(users), authenticator=authenticator)
+    _engine, port = amqp_listener(lambda: Greeter(users), authenticator=passwords(authenticator))
     busy = amqp_client(port, user="alice", password="wonderland").sender("in")
     slow = threading.Thread(target=lambda: amqp_client(port, user="slow", password="patience"))
     slow.start()
@@ -170,14 +179,16 @@ def test_a_login_being_checked_holds_up_no_other_connection(amqp_listener, amqp_
 
 def test_anonymous_allowed_when_asked(amqp_listener, amqp_client):
     users: list[str | None] = []
-    _engine, port = amqp_listener(lambda: Greeter(users), authenticator=check, allow_anonymous=True)
+    _engine, port = amqp_listener(
+        lambda: Greeter(users), authenticator=passwords(allow_anonymous=True)
+    )
     amqp_client(port).sender("in").send(codec.encode_message(b"hi"))
     amqp_client(port, user="alice", password="wonderland")
     assert users == ["anonymous", "alice"]
 
 
 def test_plain_amqp_client_is_turned_away(amqp_listener):
-    _engine, port = amqp_listener(ConnectionHandler, authenticator=check)
+    _engine, port = amqp_listener(ConnectionHandler, authenticator=passwords())
     with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
         raw.sendall(sasl.AMQP_HEADER)
         raw.settimeout(5)

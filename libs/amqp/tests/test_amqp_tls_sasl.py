@@ -148,7 +148,7 @@ class Server:
         _engine, self.port = start(
             lambda: Echo(self.seen, self.ends),
             tls=Tls(cert_file=cert, key_file=key),
-            authenticator=self.check,
+            authenticator=sasl.Passwords(self.check),
             **options,
         )
 

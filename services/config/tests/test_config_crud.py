@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
+import scramp
 from enmasse.v1 import config_pb2, resources_pb2
 
 Ref = config_pb2.ObjectRef
@@ -49,6 +50,7 @@ async def test_default_plans_are_stored_on_first_start(config_stub) -> None:
     space_plans = await config_stub.ListAddressSpacePlans(config_pb2.ListRequest())
     assert sorted(p.metadata.name for p in space_plans.items) == [
         "brokered-single",
+        "development",
         "standard-small",
     ]
 
@@ -173,6 +175,68 @@ async def test_messaging_user_password_is_hashed_never_returned(config_stub, con
         config_pb2.DeleteRequest(ref=Ref(space="shop", name="alice"))
     )
     assert not (await config_stub.ListMessagingUsers(config_pb2.ListRequest(space="shop"))).items
+
+
+def _scram_login(credential: resources_pb2.ScramCredential, password: str) -> bool:
+    """scramp's client with `password` against the stored credential: True if it gets in."""
+    server = scramp.ScramMechanism(credential.mechanism).make_server(
+        lambda _user: (
+            credential.salt,
+            credential.stored_key,
+            credential.server_key,
+            credential.iterations,
+        )
+    )
+    client = scramp.ScramClient([credential.mechanism], "alice", password)
+    server.set_client_first(client.get_client_first())
+    client.set_server_first(server.get_server_first())
+    try:
+        server.set_client_final(client.get_client_final())
+    except scramp.ScramException:
+        return False
+    return True
+
+
+async def test_messaging_user_scram_keys_are_derived_stored_and_never_returned(
+    config_stub, config_server
+) -> None:
+    await config_stub.CreateAddressSpace(space())
+    user = resources_pb2.MessagingUser(
+        metadata={"name": "alice", "space": "shop"},
+        spec={
+            "username": "alice",
+            "password": "s3cret",
+            "authorization": [{"addresses": ["#"], "operations": ["send"]}],
+            # output only: what a caller sends here is dropped, never stored
+            "scram_credentials": [{"mechanism": "SCRAM-SHA-256", "salt": b"mine"}],
+        },
+    )
+    created = await config_stub.CreateMessagingUser(user)
+    assert not created.spec.scram_credentials
+    stored = await config_server.store.get(("MessagingUser", "shop", "alice"))
+    keys = list(stored.spec.scram_credentials)
+    assert [(k.mechanism, k.iterations) for k in keys] == [
+        ("SCRAM-SHA-512", 4096),
+        ("SCRAM-SHA-256", 4096),
+    ]
+    assert all(k.salt != b"mine" and len(k.salt) >= 16 for k in keys)
+    assert all(_scram_login(k, "s3cret") and not _scram_login(k, "s3cre") for k in keys)
+    assert b"s3cret" not in stored.SerializeToString()
+    got = await config_stub.GetMessagingUser(Ref(space="shop", name="alice"))
+    assert not got.spec.scram_credentials
+    listed = await config_stub.ListMessagingUsers(config_pb2.ListRequest(space="shop"))
+    assert not listed.items[0].spec.scram_credentials
+
+    got.spec.authorization[0].operations.append("recv")
+    await config_stub.UpdateMessagingUser(got)
+    kept = await config_server.store.get(("MessagingUser", "shop", "alice"))
+    assert list(kept.spec.scram_credentials) == keys, "no password: keys kept"
+    got = await config_stub.GetMessagingUser(Ref(space="shop", name="alice"))
+    got.spec.password = "n3w"
+    await config_stub.UpdateMessagingUser(got)
+    changed = await config_server.store.get(("MessagingUser", "shop", "alice"))
+    assert all(_scram_login(k, "n3w") for k in changed.spec.scram_credentials)
+    assert not any(_scram_login(k, "s3cret") for k in changed.spec.scram_credentials)
 
 
 async def test_cascade_delete_removes_addresses_and_users(config_stub) -> None:

@@ -36,7 +36,11 @@ async def test_port_file_several_endpoints_and_default_plans(
     async with grpc.aio.insecure_channel(config.target) as channel:
         stub = config_pb2_grpc.ConfigServiceStub(channel)
         plans = await stub.ListAddressSpacePlans(config_pb2.ListRequest(), timeout=5)
-        assert sorted(p.metadata.name for p in plans.items) == ["brokered-single", "standard-small"]
+        assert sorted(p.metadata.name for p in plans.items) == [
+            "brokered-single",
+            "development",
+            "standard-small",
+        ]
         await health_becomes(channel, Health.SERVING)
 
 

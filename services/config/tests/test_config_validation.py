@@ -367,6 +367,7 @@ def test_plan_in_use_cannot_be_deleted() -> None:
         for v in validate_delete(("AddressPlan", "", "standard-small-queue"), catalog=catalog)
     ] == [
         "AddressPlan standard-small-queue: metadata.name: is used by address 'shop/orders'",
+        "AddressPlan standard-small-queue: metadata.name: is listed by address space plan 'development'",
         "AddressPlan standard-small-queue: metadata.name: is listed by address space plan 'standard-small'",
     ]
     assert [

@@ -117,6 +117,23 @@ def test_apply_with_the_same_password_is_unchanged() -> None:
     )
 
 
+def test_a_user_stored_without_scram_keys_gets_them_when_applied_again() -> None:
+    base = catalog()
+    _, stored = writes.plan_create(user("pw"), catalog=base)
+    assert [c.mechanism for c in stored.spec.scram_credentials] == [
+        "SCRAM-SHA-512",
+        "SCRAM-SHA-256",
+    ]
+    stored.spec.ClearField("scram_credentials")  # as stored before SCRAM keys existed
+    base.put(stored)
+    request = config_pb2.ApplyRequest(space="shop", resources=[resource_of(user("pw"))])
+    plan = writes.plan_apply(request, catalog=base)
+    assert [r.action for r in plan.results] == [Action.UPDATED]
+    again = plan.commit.puts[("MessagingUser", "shop", "alice")]
+    assert len(again.spec.scram_credentials) == 2
+    assert verify_password("pw", again.spec.password_hash)
+
+
 def test_apply_fills_the_space_and_refuses_plans_outside_plan_scope() -> None:
     bare = resources_pb2.Address(
         metadata={"name": "q"},

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from enmasse.common.passwords import hash_password
 from enmasse.router.access import MeshSecret, MeshSecretError, UserLogins, world_readable
-from enmasse.router.config import ConfigError, config_from_proto, config_to_proto
+from enmasse.router.config import ConfigError, RouterConfig, config_from_proto, config_to_proto
 from enmasse.router.main import main
 from enmasse.v1 import router_pb2
 
@@ -48,7 +48,7 @@ def test_an_unusable_mesh_secret_file_is_named(tmp_path: Path) -> None:
 
 def test_user_logins_follow_the_running_users() -> None:
     users = {"alice": ALICE}
-    logins = UserLogins(lambda: users)
+    logins = UserLogins(lambda: RouterConfig(users=users)).check
     assert logins("alice", "wonderland")
     assert logins("alice", "wonderland"), "remembered: the same answer"
     assert not logins("alice", "wonder")

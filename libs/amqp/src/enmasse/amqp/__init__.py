@@ -5,8 +5,11 @@
 - `codec`: encode a message once, read its header / `to` without decoding the body.
 - `client`: blocking senders and receivers on the engine (tests, tools) and bulk runners (benches).
 - `wire`: outcomes, conditions, termini, TLS settings and their proton-c form (attach/open time).
-- `sasl`: SASL PLAIN/ANONYMOUS done by the engine, so a listener checks passwords with our code.
-- `tls`: TLS done by the engine in memory, for listeners that check passwords (amqps + PLAIN).
+- `sasl`: SASL done by the engine (SCRAM-SHA-512/256, PLAIN, ANONYMOUS), so a listener checks
+  logins with our code and a client logs in with SCRAM.
+- `throttle`: failed logins per peer and per user, and the back-off and refusal they earn.
+- `tls`: TLS done by the engine in memory, for listeners that check passwords (amqps + PLAIN) and
+  clients that log in with our SASL (amqps + SCRAM).
 
 A process on the engine, in short (everything runs on the engine's thread):
 

@@ -101,7 +101,11 @@ class Client:
         desired_capabilities: tuple[str, ...] = (),
         tls: Tls | None = None,
         hostname: str | None = None,
+        mechanisms: tuple[str, ...] | None = None,
     ) -> None:
+        """mechanisms: log in with the engine's own SASL client, taking the first of these the
+        peer offers (`sasl.CLIENT_MECHANISMS`: SCRAM-SHA-512, SCRAM-SHA-256, then PLAIN); None:
+        proton's SASL, PLAIN with a user, else ANONYMOUS."""
         self.timeout = timeout
         self.engine = Engine(container_id=container_id)
         self._handler = _ClientHandler()
@@ -117,6 +121,7 @@ class Client:
                 desired_capabilities=desired_capabilities,
                 tls=tls,
                 hostname=hostname,
+                mechanisms=mechanisms,
             )
         )
         try:

@@ -1,4 +1,5 @@
-"""TLS done by us, in memory, for listeners that also check passwords themselves (amqps + PLAIN).
+"""TLS done by us, in memory, for listeners that also check passwords themselves (amqps + PLAIN),
+and for outgoing connections that log in with our own SASL client (amqps + SCRAM).
 
 What flows in: the ciphertext a client sent (`receive`) and the plaintext we answer (`send`:
 our SASL frames, then proton's AMQP output). What flows out: the client's plaintext (its SASL
@@ -17,7 +18,10 @@ the engine's loop keeps its non-blocking sockets, epoll and back-pressure as the
 alternatives cost more: a second proton transport used only for TLS (pumping bytes between two
 transports and hiding proton's SASL layer from one) or a TLS-terminating thread per connection.
 Listeners with TLS but without our SASL keep proton's TLS, and plain connections never come
-here, so their per-read and per-flush work is what it was.
+here, so their per-read and per-flush work is what it was. An outgoing connection whose SASL is
+ours (SCRAM) is in the same position as such a listener, from the other end: `client_context`
+verifies the server as proton's client TLS does (`wire.client_tls`), and `TlsSession.start`
+sends its hello.
 """
 
 from __future__ import annotations
@@ -56,6 +60,24 @@ def server_context(tls: Tls) -> ssl.SSLContext:
     return context
 
 
+def client_context(tls: Tls) -> ssl.SSLContext:
+    """The SSL context of an outgoing connection, verifying the server as `wire.Tls` says: against
+    ca_file (and its name with verify_hostname), or not at all without ca_file."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        if tls.cert_file and tls.key_file:
+            context.load_cert_chain(tls.cert_file, tls.key_file, tls.password)
+        if tls.ca_file:
+            context.load_verify_locations(tls.ca_file)
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.check_hostname = tls.verify_hostname
+    except (OSError, ssl.SSLError) as err:
+        raise ValueError(f"cannot load TLS files: {err}") from err
+    return context
+
+
 def _reason(err: ssl.SSLError) -> str:
     verify = getattr(err, "verify_message", None)
     if verify:
@@ -64,15 +86,24 @@ def _reason(err: ssl.SSLError) -> str:
 
 
 class TlsSession:
-    """The server side of one connection's TLS, without a socket: bytes in, bytes out."""
+    """One connection's TLS, without a socket: bytes in, bytes out. The server's side, or with
+    `server_hostname` the client's (which speaks first: `start`)."""
 
-    def __init__(self, context: ssl.SSLContext) -> None:
+    def __init__(self, context: ssl.SSLContext, *, server_hostname: str | None = None) -> None:
         self._incoming = ssl.MemoryBIO()
         self._outgoing = ssl.MemoryBIO()
-        self._ssl = context.wrap_bio(self._incoming, self._outgoing, server_side=True)
+        client = server_hostname is not None
+        self._ssl = context.wrap_bio(
+            self._incoming, self._outgoing, server_side=not client, server_hostname=server_hostname
+        )
         self.established = False  # the handshake is done: application data may flow
         self.peer_closed = False  # the client sent close_notify: no more data will come
         self.closing = False  # our close_notify is queued: nothing more will be sent
+
+    def start(self) -> None:
+        """The client's first handshake message, waiting in take_output()."""
+        with contextlib.suppress(ssl.SSLWantReadError):
+            self._ssl.do_handshake()
 
     def receive(self, ciphertext: bytes) -> bytes:
         """Takes what the socket delivered; returns the plaintext it completes (often b"" while

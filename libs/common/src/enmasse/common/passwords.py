@@ -8,6 +8,12 @@ Why here: the config service hashes (and `Apply` uses `verify_password` to tell 
 manifest, which carries the password in clear, from a changed one) and the router checks logins
 against the hashes the router-agent passes it; a router image must not carry the config service
 to do so. A malformed stored string never matches and never raises.
+
+Beside the scrypt hash (what SASL PLAIN is checked against), a password gives SCRAM keys
+(`scram_keys`: RFC 5802 / 7677, derived by `scramp`, one per mechanism in `SCRAM_MECHANISMS`): a
+salt, an iteration count, the stored key and the server key. A SCRAM server needs only those to
+check a login (a few HMACs, no key derivation), and they cannot be replayed as a password; they
+still let whoever holds them pose as the server, so they are secrets like the hash.
 """
 
 from __future__ import annotations
@@ -17,9 +23,39 @@ import binascii
 import hashlib
 import hmac
 import secrets
+from dataclasses import dataclass, field
+
+import scramp
 
 SCHEME = "scrypt"
 _N, _R, _P = 2**14, 8, 1
+SCRAM_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")  # best first, as a server offers them
+SCRAM_ITERATIONS = 4096  # RFC 7677's minimum, and scramp's: a client derives once per login
+
+
+@dataclass(frozen=True)
+class ScramKeys:
+    """What a SCRAM server keeps of one user's password for one mechanism (RFC 5802 section 3)."""
+
+    mechanism: str
+    salt: bytes = field(repr=False)
+    iterations: int
+    stored_key: bytes = field(repr=False)
+    server_key: bytes = field(repr=False)
+
+
+def scram_keys(password: str, *, mechanism: str, iterations: int = SCRAM_ITERATIONS) -> ScramKeys:
+    """Fresh salt, then the keys scramp derives from `password` (ValueError: unknown mechanism
+    or too few iterations)."""
+    if mechanism not in SCRAM_MECHANISMS:
+        raise ValueError(f"unknown SCRAM mechanism {mechanism!r}")
+    try:
+        salt, stored_key, server_key, rounds = scramp.ScramMechanism(mechanism).make_auth_info(
+            password, iteration_count=iterations
+        )
+    except scramp.ScramException as error:
+        raise ValueError(str(error)) from error
+    return ScramKeys(mechanism, salt, rounds, stored_key, server_key)
 
 
 def hash_password(password: str) -> str:

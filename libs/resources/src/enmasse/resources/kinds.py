@@ -67,9 +67,10 @@ class Kind:
     status: str = ""
     """The part the controllers write ("" when the kind has none); callers never set it."""
     secrets: tuple[str, ...] = ()
-    """Stored fields no answer carries (dotted paths: `spec.password_hash`): the config service
-    clears them in every Get, List, Watch and write answer, for every caller; only the control
-    plane's Watch `with_secrets` gets them (the router-agent passes users' hashes to routers)."""
+    """Stored fields no answer carries (dotted paths: `spec.password_hash`, a user's SCRAM keys):
+    the config service clears them in every Get, List, Watch and write answer, for every caller;
+    only the control plane's Watch `with_secrets` gets them (the router-agent passes users' hashes
+    and keys to routers)."""
 
     @property
     def space_scoped(self) -> bool:
@@ -157,7 +158,7 @@ KINDS: Mapping[str, Kind] = {
             key=("space", "name"),
             collection="messaging_users",
             columns=(_SPACE, _NAME, Column("USERNAME", "spec.username")),
-            secrets=("spec.password_hash",),
+            secrets=("spec.password_hash", "spec.scram_credentials"),
         ),
     )
 }

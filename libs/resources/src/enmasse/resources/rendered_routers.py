@@ -17,8 +17,9 @@ The contract (StatefulSet metadata, as for brokers):
   restarts). The router writes them back to `<var>/routers/<space>/<id>/ports.json`, which is
   where the agent's directory finds it.
 
-Who gets in: every router runs `--client-auth=optional` (SASL PLAIN logins are checked against
-the space's MessagingUsers; ANONYMOUS still allowed) and `--mesh-secret-file`, the secret all
+Who gets in: every router runs `--client-auth=required` (SCRAM and PLAIN logins are checked
+against the space's MessagingUsers; ANONYMOUS, and PLAIN without TLS, only where the space plan
+allows them, as the router-agent's RouterConfig says) and `--mesh-secret-file`, the secret all
 routers of the space log in to each other with. Locally that secret is
 `<var>/routers/<space>/mesh-secret`, written once (mode 0600) by `ensure_local_mesh_secret`
 before the runtime starts the space's routers; it is never rendered into the output (that is git).
@@ -48,7 +49,7 @@ from enmasse.resources.workload_files import (
 MANAGER = "enmasse-router-agent"
 LABEL_ROUTER = "enmasse.io/router"
 ANNOTATION_INTER_ROUTER_PORT = "enmasse.io/local-inter-router-port"
-CLIENT_AUTH = "optional"
+CLIENT_AUTH = "required"
 LOCAL_MESH_SECRET = "mesh-secret"
 
 

@@ -10,7 +10,11 @@ skipped when the text is unchanged, so re-rendering an unchanged placement chang
 makes no git commit.
 
 The labels and annotations both kinds of workload carry are named here; what a router file and
-a broker file say besides is in `rendered_routers` and `rendered_brokers`.
+a broker file say besides is in `rendered_routers` and `rendered_brokers`. So is what both pods
+need for mutual TLS on their admin port (`tls_volumes`, `tls_mounts`, `tls_env`,
+`health_probe`): the per-role Secret cert-manager issues (k8s/base/certificates.yaml), read
+through `$ENMASSE_TLS_DIR`, and an exec health probe (kubelet's grpc probe has no client
+certificate; the script is the ConfigMap `enmasse-grpc-probe` of k8s/base/grpc-probe.yaml).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+from enmasse.common.certificates import TLS_DIR_ENV
 
 Workload = TypeVar("Workload")
 
@@ -31,6 +36,41 @@ LABEL_SPACE = "enmasse.io/space"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"  # whose file it is: only its writer touches it
 ANNOTATION_AMQP_PORT = "enmasse.io/local-amqp-port"  # the loopback ports of the local runtime
 ANNOTATION_ADMIN_PORT = "enmasse.io/local-admin-port"
+
+ROUTER_TLS_SECRET = "enmasse-router-tls"  # role data-plane, one for every router
+BROKER_TLS_SECRET = "enmasse-broker-tls"  # role broker, one for every broker
+TLS_MOUNT = "/etc/enmasse/tls"  # tls.crt, tls.key, ca.crt: cert-manager's Secret layout
+PROBE_CONFIGMAP = "enmasse-grpc-probe"
+PROBE_MOUNT = "/etc/enmasse/probe"
+PROBE_SCRIPT = f"{PROBE_MOUNT}/health_probe.py"
+
+
+def tls_volumes(secret: str) -> list[dict[str, Any]]:
+    """The pod's certificate Secret (group-readable: pods run with fsGroup 10001) and the probe."""
+    return [
+        {"name": "tls", "secret": {"secretName": secret, "defaultMode": 0o440}},
+        {"name": "grpc-probe", "configMap": {"name": PROBE_CONFIGMAP}},
+    ]
+
+
+def tls_mounts() -> list[dict[str, Any]]:
+    return [
+        {"name": "tls", "mountPath": TLS_MOUNT, "readOnly": True},
+        {"name": "grpc-probe", "mountPath": PROBE_MOUNT, "readOnly": True},
+    ]
+
+
+def tls_env() -> list[dict[str, Any]]:
+    return [{"name": TLS_DIR_ENV, "value": TLS_MOUNT}]
+
+
+def health_probe(port: int) -> dict[str, Any]:
+    """Readiness through the mutual-TLS port: the probe presents the pod's own certificate."""
+    return {
+        "exec": {"command": ["python", PROBE_SCRIPT, str(port)]},
+        "periodSeconds": 5,
+        "timeoutSeconds": 5,
+    }
 
 
 class WorkloadError(ValueError):

@@ -18,7 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from enmasse.common.passwords import hash_password, verify_password
+from enmasse.common.passwords import (
+    SCRAM_MECHANISMS,
+    hash_password,
+    scram_keys,
+    verify_password,
+)
 from enmasse.config.store import Commit
 from enmasse.resources.kinds import (
     KINDS,
@@ -160,12 +165,15 @@ def updated(desired: AnyObject, *, existing: AnyObject) -> AnyObject:
             _hash_into(stored)
         else:
             stored.spec.password_hash = existing.spec.password_hash
+            stored.spec.scram_credentials.extend(existing.spec.scram_credentials)
     meta.generation = existing.metadata.generation + (1 if changed else 0)
     return stored
 
 
 def spec_changed(desired: AnyObject, *, existing: AnyObject) -> bool:
-    """Whether the spec differs; a user's clear password counts as a change unless it verifies."""
+    """Whether the spec differs; a user's clear password counts as a change unless it verifies
+    against a stored user that has its SCRAM keys (one stored before they existed gets them when
+    its manifest is applied again)."""
     if kind_of(desired) != "MessagingUser":
         return desired.spec != existing.spec
     wanted, stored = _copy(desired.spec), _copy(existing.spec)
@@ -173,9 +181,14 @@ def spec_changed(desired: AnyObject, *, existing: AnyObject) -> bool:
     for spec in (wanted, stored):
         spec.password = ""
         spec.password_hash = ""
+        spec.ClearField("scram_credentials")
     if wanted != stored:
         return True
-    return bool(password) and not verify_password(password, existing.spec.password_hash)
+    if not password:
+        return False
+    return not existing.spec.scram_credentials or not verify_password(
+        password, existing.spec.password_hash
+    )
 
 
 def unchanged(desired: AnyObject, *, existing: AnyObject) -> bool:
@@ -219,13 +232,27 @@ def _has(obj: Any, path: str) -> bool:
 def _input_form(obj: AnyObject) -> AnyObject:
     out = _copy(obj)
     if kind_of(out) == "MessagingUser":
-        out.spec.password_hash = ""  # output only: a caller cannot set a hash
+        out.spec.password_hash = ""  # output only: a caller cannot set a hash, nor SCRAM keys
+        out.spec.ClearField("scram_credentials")
     return out
 
 
 def _hash_into(user: resources_pb2.MessagingUser) -> None:
-    if user.spec.password:
-        user.spec.password_hash = hash_password(user.spec.password)
+    """The clear password becomes what is stored: its scrypt hash (PLAIN logins) and a salted
+    SCRAM credential per mechanism (SCRAM logins); the password itself is dropped."""
+    password = user.spec.password
+    if password:
+        user.spec.password_hash = hash_password(password)
+        user.spec.ClearField("scram_credentials")
+        for mechanism in SCRAM_MECHANISMS:
+            keys = scram_keys(password, mechanism=mechanism)
+            user.spec.scram_credentials.add(
+                mechanism=keys.mechanism,
+                salt=keys.salt,
+                iterations=keys.iterations,
+                stored_key=keys.stored_key,
+                server_key=keys.server_key,
+            )
     user.spec.password = ""
 
 

@@ -17,7 +17,10 @@ of the pod (image, ports, the mounted mesh secret) and the choice of fresh local
 
 The mesh secret is never rendered into the GitOps output (it is git): in a cluster it is the
 Kubernetes Secret `<space>-router-mesh` (key `secret`), created beside the output, mounted
-read-only; locally it is a file the runtime writes (`ensure_local_mesh_secret`).
+read-only; locally it is a file the runtime writes (`ensure_local_mesh_secret`). Neither is the
+router's certificate: every router mounts the Secret `enmasse-router-tls` (role `data-plane`,
+issued by cert-manager) and reads it through `$ENMASSE_TLS_DIR`; its RouterAdmin port then
+speaks mutual TLS, so readiness is the exec probe of `workload_files.health_probe`.
 """
 
 from __future__ import annotations
@@ -42,6 +45,11 @@ from enmasse.resources.workload_files import (
     ANNOTATION_AMQP_PORT,
     LABEL_MANAGED_BY,
     LABEL_SPACE,
+    ROUTER_TLS_SECRET,
+    health_probe,
+    tls_env,
+    tls_mounts,
+    tls_volumes,
 )
 
 IMAGE = "enmasse-py/router"
@@ -124,7 +132,8 @@ def _pod_spec(*, space: str, router_id: str, image: str) -> dict[str, Any]:
             {
                 "name": "mesh-secret",
                 "secret": {"secretName": mesh_secret_name(space), "defaultMode": 0o440},
-            }
+            },
+            *tls_volumes(ROUTER_TLS_SECRET),
         ],
         "containers": [
             {
@@ -139,15 +148,17 @@ def _pod_spec(*, space: str, router_id: str, image: str) -> dict[str, Any]:
                     f"--client-auth={CLIENT_AUTH}",
                     f"--mesh-secret-file={MESH_SECRET_DIR}/{MESH_SECRET_KEY}",
                 ],
+                "env": tls_env(),
                 "volumeMounts": [
-                    {"name": "mesh-secret", "mountPath": MESH_SECRET_DIR, "readOnly": True}
+                    {"name": "mesh-secret", "mountPath": MESH_SECRET_DIR, "readOnly": True},
+                    *tls_mounts(),
                 ],
                 "ports": [
                     {"name": "amqp", "containerPort": AMQP_PORT},
                     {"name": "inter-router", "containerPort": INTER_ROUTER_PORT},
                     {"name": "admin", "containerPort": ADMIN_PORT},
                 ],
-                "readinessProbe": {"grpc": {"port": ADMIN_PORT}, "periodSeconds": 5},
+                "readinessProbe": health_probe(ADMIN_PORT),
                 "securityContext": {
                     "allowPrivilegeEscalation": False,
                     "readOnlyRootFilesystem": True,

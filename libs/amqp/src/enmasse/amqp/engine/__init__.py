@@ -25,8 +25,9 @@ The parts, each importing only those above it in this list:
   Knows no AMQP.
 - `endpoints`: what handlers see (ConnectionHandler, Connection, Link, Delivery; Terminus from
   `wire`) and where connections come from (`Switchboard`: listen, accept, connect).
-- `security`: our own SASL and TLS in front of proton for listeners with an authenticator
-  (`Guard`: login threads, PLAIN checks, the in-memory TLS session's glue).
+- `security`: our own SASL and TLS in front of proton for listeners with an authenticator and
+  for connections that log in with SCRAM (`Guard`: the login throttle, remembered logins, the
+  trusted and doubtful login lanes, PLAIN checks, the in-memory TLS session's glue).
 - `events`: `Engine`, the loop's AMQP side: socket bytes in and out and the per-message dispatch
   of proton's events through amqp_hotpath (bound to proton-c at import); it holds a Switchboard
   and a Guard.

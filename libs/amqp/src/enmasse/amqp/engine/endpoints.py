@@ -41,6 +41,7 @@ import structlog
 from cproton_ffi import ffi, lib
 from enmasse.amqp import codec, sasl
 from enmasse.amqp.engine.loop import Timer
+from enmasse.amqp.throttle import LoginThrottle
 from enmasse.amqp.tls import TlsSession, server_context
 from enmasse.amqp.wire import (
     OUTCOME_ACCEPTED,
@@ -539,8 +540,10 @@ class Connection:
         self._linger_timer: Timer | None = None
         self._io_error: Condition | None = None
         # From here to _backlog: our own SASL and TLS, whose steps are security.Guard's.
-        self._sasl: sasl.SaslServer | None = None  # our own SASL exchange, while it runs
+        # Our own SASL exchange while it runs: a listener's (server) or our SCRAM login (client).
+        self._sasl: sasl.SaslServer | sasl.SaslClient | None = None
         self._sasl_user: str | None = None
+        self._throttle: LoginThrottle | None = None  # its listener's failed logins
         self._pre_output = b""  # SASL bytes that must reach the peer before proton's
         self._refused = False  # SASL (or our TLS) said no: close once _pre_output is out
         # Where the socket's bytes go before proton (our SASL, our TLS); None: straight in.
@@ -716,7 +719,7 @@ class Listener:
     tls_domain: Any = None
     tls_context: ssl.SSLContext | None = None  # our own TLS: with an authenticator (see tls.py)
     authenticator: sasl.Authenticator | None = None
-    allow_anonymous: bool = False
+    throttle: LoginThrottle | None = None  # failed logins on this listener (with authenticator)
 
     def close(self) -> None:
         self.sock.close()
@@ -729,8 +732,9 @@ class Switchboard:
     """The engine's listen, stop_listening and connect, and the connections its listeners accept.
 
     The engine hands over its listener table and epoll (the loop waits on the listening sockets),
-    `attach` (a new connection joins the engine's registries and the loop) and `admit` (our own
-    SASL, and TLS below it, for listeners with an authenticator: `security.Guard`).
+    `attach` (a new connection joins the engine's registries and the loop), `admit` (our own
+    SASL, and TLS below it, for listeners with an authenticator: `security.Guard`) and `dial`
+    (our own SASL client, and TLS below it, for connections that log in with SCRAM: the Guard).
     """
 
     def __init__(
@@ -741,12 +745,14 @@ class Switchboard:
         epoll: select.epoll,
         attach: Callable[[Connection], None],
         admit: Callable[[Connection, Listener], None],
+        dial: Callable[..., None],
     ) -> None:
         self._engine = engine
         self._listeners = listeners
         self._epoll = epoll
         self._attach = attach
         self._admit = admit
+        self._dial = dial
 
     def listen(
         self,
@@ -764,7 +770,7 @@ class Switchboard:
         offered_capabilities: tuple[str, ...] = (),
         tls: Tls | None = None,
         authenticator: sasl.Authenticator | None = None,
-        allow_anonymous: bool = False,
+        throttle: LoginThrottle | None = None,
     ) -> int:
         """Listens for AMQP peers; returns the bound port (port=0 picks a free one).
 
@@ -778,9 +784,11 @@ class Switchboard:
         properties / offered_capabilities go into our open frame (e.g. ("ANONYMOUS-RELAY",),
         which clients check before sending on a link without a target address).
         tls: serve AMQP over TLS (amqps) with this certificate; a listener is either plain or TLS.
-        authenticator(user, password) -> bool: check SASL PLAIN passwords ourselves (no Cyrus;
-        see `sasl`), offering ANONYMOUS too only if allow_anonymous; sasl_* are then unused.
-        With tls too, the engine does the TLS itself (see `tls`): passwords travel encrypted.
+        authenticator: check logins ourselves (no Cyrus; see `sasl`): it says which mechanisms
+        each connection is offered (SCRAM, PLAIN, ANONYMOUS) and knows the users; sasl_* are then
+        unused. With tls too, the engine does the TLS itself (see `tls`): passwords travel
+        encrypted. throttle: the listener's count of failed logins (`throttle`; default: a
+        `LoginThrottle()` of its own), which backs off and then turns away failing peers and users.
         """
         tls_domain = tls_context = None
         if tls is not None and authenticator is not None:
@@ -806,7 +814,7 @@ class Switchboard:
             tls_domain=tls_domain,
             tls_context=tls_context,
             authenticator=authenticator,
-            allow_anonymous=allow_anonymous,
+            throttle=(throttle or LoginThrottle()) if authenticator is not None else None,
         )
         self._epoll.register(sock.fileno(), select.EPOLLIN)
         bound: int = sock.getsockname()[1]
@@ -842,9 +850,13 @@ class Switchboard:
         offered_capabilities: tuple[str, ...] = (),
         desired_capabilities: tuple[str, ...] = (),
         tls: Tls | None = None,
+        mechanisms: tuple[str, ...] | None = None,
     ) -> Connection:
         """Dials a peer and opens an AMQP connection (SASL ANONYMOUS, or PLAIN with user/password).
 
+        mechanisms: log in with our own SASL client instead of proton's, taking the first of
+        these the peer offers (e.g. `sasl.CLIENT_MECHANISMS`: SCRAM-SHA-512, SCRAM-SHA-256,
+        PLAIN); with tls too, the engine does the TLS itself.
         Returns at once; handler.on_connection_open follows, or on_connection_close with the
         error if the peer cannot be reached or refuses.
         """
@@ -861,16 +873,21 @@ class Switchboard:
             lib.pn_transport_set_max_frame(t, max_frame_size)
         if idle_timeout:
             lib.pn_transport_set_idle_timeout(t, int(idle_timeout * 1000))
-        if tls is not None:
+        if mechanisms is not None:
+            # Our own SASL client (and TLS under it): proton's transport sees plain AMQP.
+            login = sasl.SaslClient(mechanisms=mechanisms, user=user or "", password=password or "")
+            self._dial(conn, login, tls=tls, hostname=hostname or host)
+        elif tls is not None:
             client_tls(t, tls, hostname or host)
-        sasl = lib.pn_sasl(t)
-        if user is not None:
-            lib.pn_connection_set_user(c, user.encode())
-            lib.pn_connection_set_password(c, (password or "").encode())
-            lib.pn_sasl_allowed_mechs(sasl, b"PLAIN")
-            lib.pn_sasl_set_allow_insecure_mechs(sasl, True)
-        else:
-            lib.pn_sasl_allowed_mechs(sasl, b"ANONYMOUS")
+        if mechanisms is None:
+            pn_sasl = lib.pn_sasl(t)
+            if user is not None:
+                lib.pn_connection_set_user(c, user.encode())
+                lib.pn_connection_set_password(c, (password or "").encode())
+                lib.pn_sasl_allowed_mechs(pn_sasl, b"PLAIN")
+                lib.pn_sasl_set_allow_insecure_mechs(pn_sasl, True)
+            else:
+                lib.pn_sasl_allowed_mechs(pn_sasl, b"ANONYMOUS")
         lib.pn_connection_set_container(c, (container_id or self._engine.container_id).encode())
         lib.pn_connection_set_hostname(c, (hostname or host).encode())
         write_open_fields(

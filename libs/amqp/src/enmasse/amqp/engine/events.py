@@ -96,6 +96,7 @@ class Engine(Loop[Connection, Listener]):
             epoll=self._epoll,
             attach=self._attach,
             admit=self._guard.admit,
+            dial=self._guard.dial,
         )
         self.listen = self._switchboard.listen
         self.stop_listening = self._switchboard.stop_listening

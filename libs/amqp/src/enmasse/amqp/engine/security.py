@@ -1,18 +1,29 @@
-"""Our own SASL and TLS in front of proton, for listeners that check passwords with our code.
+"""Our own SASL and TLS in front of proton, for listeners that check logins with our code and for
+connections that log in with our SASL client (SCRAM).
 
 What flows in: the bytes a connection's socket brings while its listener has an `authenticator`
-(`Switchboard` hands such a connection to `Guard.admit`): ciphertext when the listener serves amqps
-too, else plaintext. What flows out: SASL frames (the mechanisms, the outcome) and TLS records to
-the socket; the authenticated user on the connection; and, once the login is done, plain AMQP
+(`Switchboard` hands such a connection to `Guard.admit`), or while our client logs in
+(`Guard.dial`): ciphertext with TLS, else plaintext. What flows out: SASL frames and TLS records
+to the socket; the authenticated user on the connection; and, once the login is done, plain AMQP
 bytes into proton's transport, and proton's output (encrypted, with TLS) to the socket. A refused
 login or a failed handshake ends the connection, after the refusal has reached the peer.
 
 Why it is built so: proton checks PLAIN passwords only through Cyrus SASL and a sasldb; a listener
 with an authenticator checks them with our code (`sasl`), so our SASL layer must see the bytes
 before proton does; with amqps too, the TLS under it must be ours as well (`tls`: an in-memory
-session), or the password would reach our SASL layer still encrypted. Checking a password may
-hash it for a while, so the check runs on a small pool of login threads and its answer comes
-back to the loop (`call_soon_threadsafe`): no other connection waits for it.
+session), or the password would reach our SASL layer still encrypted.
+
+Who waits for what: a SCRAM login is a few HMACs over stored keys and is decided here, on the
+engine thread. A PLAIN password is first offered to the authenticator's memory (`recall`: a
+remembered login is an HMAC, answered at once, queued behind nothing); otherwise it is hashed,
+which takes tens of milliseconds, on a login thread, and the answer comes back to the loop
+(`call_soon_threadsafe`): no other connection waits for it. Before any of that the listener's
+`LoginThrottle` (`throttle`) has its say: a peer or user that failed too often is turned away
+before anything is checked, one that failed lately waits a back-off (a timer, not a thread). Two
+lanes keep failures away from good logins: a peer's first check goes to the two trusted login
+threads, but a check from a peer or for a user that failed lately, or from a peer with a check
+already running, goes to one doubtful thread with a short bounded queue (full: turned away), so
+a flood of wrong passwords never holds both trusted threads.
 
 A connection pays for this only while it needs it: the engine's read and flush test one
 attribute each (`conn._intake`, `conn._detour`) and take the straight amqp_hotpath path when
@@ -28,6 +39,7 @@ import contextlib
 import functools
 import select
 import socket
+from collections import Counter
 from collections.abc import Callable
 
 import structlog
@@ -35,8 +47,9 @@ from cproton_ffi import ffi, lib
 from enmasse.amqp import sasl
 from enmasse.amqp.engine.endpoints import Connection, Listener
 from enmasse.amqp.engine.loop import READS_PER_WAKEUP, Timer
-from enmasse.amqp.tls import TlsFailure, TlsSession
-from enmasse.amqp.wire import Condition
+from enmasse.amqp.throttle import LoginThrottle, peer_host
+from enmasse.amqp.tls import TlsFailure, TlsSession, client_context
+from enmasse.amqp.wire import Condition, Tls
 
 __all__ = ["Guard"]
 
@@ -44,6 +57,9 @@ log = structlog.get_logger("enmasse.amqp")
 
 _RECV_CHUNK = 256 * 1024
 _SEND_CHUNK = 256 * 1024
+TRUSTED_LOGIN_THREADS = 2
+DOUBTFUL_QUEUE = 8  # doubtful PLAIN checks waiting or running at once; more are turned away
+_QUEUE_FULL = "too many doubtful logins waiting to be checked; try again later"
 
 
 class Guard:
@@ -70,9 +86,12 @@ class Guard:
         self._finalize = finalize
         self._call_later = call_later
         self._call_soon_threadsafe = call_soon_threadsafe
-        # Where logins are checked (sasl.py): made at the first PLAIN login of a listener with an
-        # authenticator, so that hashing a password holds up no other connection.
+        # Where PLAIN passwords are hashed and checked: made at the first such login, so that
+        # hashing holds up no other connection; logins that failed lately get a lane of their own.
         self._login_checks: concurrent.futures.ThreadPoolExecutor | None = None
+        self._doubtful_checks: concurrent.futures.ThreadPoolExecutor | None = None
+        self._doubtful_pending = 0
+        self._trusted_peers: Counter[str] = Counter()  # peer host -> its checks on trusted lane
         # Plain connections read and write straight between socket and proton (amqp_hotpath);
         # these serve the ones whose bytes pass through our own SASL or TLS first.
         self._inbuf = ffi.new("char[]", _RECV_CHUNK)
@@ -84,9 +103,9 @@ class Guard:
         """A connection accepted by a listener with an authenticator: our own SASL layer runs
         first (see sasl.py); proton then sees plain AMQP."""
         assert listener.authenticator is not None
-        conn._sasl = sasl.SaslServer(
-            listener.authenticator, allow_anonymous=listener.allow_anonymous
-        )
+        encrypted = listener.tls_context is not None
+        conn._sasl = sasl.SaslServer(listener.authenticator, encrypted=encrypted)
+        conn._throttle = listener.throttle or LoginThrottle()
         conn._intake = functools.partial(self._sasl_step, conn)
         if listener.tls_context is not None:
             # ...and below it our own TLS (see tls.py), for the whole connection.
@@ -94,10 +113,25 @@ class Guard:
             conn._intake = functools.partial(self._tls_step, conn)
             conn._detour = True
 
+    def dial(
+        self, conn: Connection, login: sasl.SaslClient, *, tls: Tls | None, hostname: str
+    ) -> None:
+        """An outgoing connection that logs in with our SASL client: it speaks first (the SASL
+        header, after the TLS handshake with tls); proton's output waits until the login is done."""
+        conn._sasl = login
+        conn._pre_output = login.start
+        conn._intake = functools.partial(self._sasl_step, conn)
+        conn._detour = True
+        if tls is not None:
+            conn._tls = TlsSession(client_context(tls), server_hostname=hostname)
+            conn._tls.start()
+            conn._intake = functools.partial(self._tls_step, conn)
+
     def close(self) -> None:
         """The engine is shutting down: logins still being checked are dropped."""
-        if self._login_checks is not None:
-            self._login_checks.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._login_checks, self._doubtful_checks):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
 
     def read(self, conn: Connection) -> None:
         """`Engine._read` for a connection whose bytes go to our SASL or TLS before proton."""
@@ -139,11 +173,14 @@ class Guard:
     def flush_pre_output(self, conn: Connection, sock: socket.socket) -> bool:
         """Sends our SASL bytes; True when proton's output may follow."""
         try:
-            sent = sock.send(conn._pre_output)
+            sent = sock.send(conn._pre_output) if conn._pre_output else 0
         except (BlockingIOError, InterruptedError):
             sent = 0
-        except OSError:
+        except OSError as err:
             conn._pre_output = b""
+            conn._io_error = conn._io_error or Condition(
+                "proton:io", f"connection to {conn.peer} lost: {err}"
+            )
             conn._abort()
             return False
         conn._pre_output = conn._pre_output[sent:]
@@ -155,6 +192,8 @@ class Guard:
         if conn._refused:
             conn._abort()  # the outcome is out; the connection ends with _io_error
             return False
+        if isinstance(conn._sasl, sasl.SaslClient):
+            return False  # our client is logging in: proton's AMQP header waits for the outcome
         conn._detour = False
         return True
 
@@ -165,7 +204,7 @@ class Guard:
         session = conn._tls
         assert session is not None
         t = conn._transport
-        if conn._pre_output:
+        if conn._pre_output and session.established:
             session.send(conn._pre_output)
             conn._pre_output = b""
         if conn._refused:
@@ -231,20 +270,30 @@ class Guard:
         assert exchange is not None
         self._sasl_went_on(conn, exchange, exchange.feed(data))
 
-    def _sasl_went_on(self, conn: Connection, exchange: sasl.SaslServer, step: sasl.Step) -> None:
+    def _sasl_went_on(
+        self, conn: Connection, exchange: sasl.SaslServer | sasl.SaslClient, step: sasl.Step
+    ) -> None:
         if step.reply:
             conn._pre_output += step.reply
             conn._detour = True
-        if step.check is not None:
-            self._check_login(conn, exchange, *step.check)
-            return
+        if isinstance(exchange, sasl.SaslServer):
+            if step.check is not None:
+                self._plain_login(conn, exchange, *step.check)
+                return
+            if step.gate is not None:
+                self._scram_login(conn, exchange, step.gate)
+                return
+            if step.wrong and conn._throttle is not None:
+                conn._throttle.failed(peer=peer_host(conn.peer), user=exchange.user or "")
         if not step.done:
             return
         conn._sasl = None
         if conn._tls is None:
             conn._intake = None
         if step.error is not None:
-            log.info("authentication refused", peer=conn.peer, reason=step.error)
+            what = "authentication refused" if conn.incoming else "our login refused"
+            # A flood is turned away by the thousand: its failures were logged, the rest is noise.
+            (log.debug if step.turned_away else log.info)(what, peer=conn.peer, reason=step.error)
             conn._io_error = Condition("amqp:unauthorized-access", step.error)
             conn._refused = True
             conn._detour = True
@@ -253,34 +302,124 @@ class Guard:
         if step.rest:
             self._push_plain(conn, step.rest)
 
-    def _check_login(
+    # -- deciding a login: the throttle, a remembered password, a lane ----------------------------
+
+    def _plain_login(
         self, conn: Connection, exchange: sasl.SaslServer, user: str, password: str
     ) -> None:
-        """Runs the authenticator on a worker thread; its answer comes back to the loop."""
-        assert exchange.authenticator is not None
-        if self._login_checks is None:
-            self._login_checks = concurrent.futures.ThreadPoolExecutor(
-                max_workers=2, thread_name_prefix="amqp-login"
-            )
-        future = self._login_checks.submit(exchange.authenticator, user, password)
-        answer = functools.partial(self._login_checked, conn, exchange, future)
+        """A PLAIN login: remembered (answered now), turned away, or checked on a lane."""
+        assert conn._throttle is not None
+        peer = peer_host(conn.peer)
+        try:
+            remembered = exchange.authenticator.recall(user, password)
+        except Exception:  # a broken memory is no answer: the full check decides
+            log.exception("recalling a login failed", peer=conn.peer)
+            remembered = None
+        verdict = conn._throttle.verdict(peer=peer, user=user, cheap=remembered is not None)
+        if verdict.refusal is not None:
+            self._decided(conn, exchange, exchange.turned_away(verdict.refusal))
+            return
+        if remembered is not None:
+            answer = functools.partial(self._answer_plain, conn, exchange, remembered)
+            self._after(verdict.delay, answer)
+            return
+        doubtful = verdict.doubtful or self._trusted_peers[peer] > 0
+        if doubtful and self._doubtful_pending >= DOUBTFUL_QUEUE:
+            self._decided(conn, exchange, exchange.turned_away(_QUEUE_FULL))
+            return
+        if doubtful:
+            self._doubtful_pending += 1
+        else:
+            self._trusted_peers[peer] += 1
+        check = functools.partial(
+            self._check_login, conn, exchange, user, password, peer=peer, doubtful=doubtful
+        )
+        self._after(verdict.delay, check)
+
+    def _scram_login(self, conn: Connection, exchange: sasl.SaslServer, user: str) -> None:
+        """A SCRAM login, at its gate: turned away, or on (after the back-off) to the proof."""
+        assert conn._throttle is not None
+        verdict = conn._throttle.verdict(peer=peer_host(conn.peer), user=user, cheap=True)
+        if verdict.refusal is not None:
+            self._decided(conn, exchange, exchange.turned_away(verdict.refusal))
+            return
+        self._after(verdict.delay, functools.partial(self._scram_go_on, conn, exchange))
+
+    def _scram_go_on(self, conn: Connection, exchange: sasl.SaslServer) -> None:
+        if conn._finalized or conn._sasl is not exchange:
+            return  # the client went away meanwhile
+        self._decided(conn, exchange, exchange.go_on())
+
+    def _after(self, delay: float, fn: Callable[[], None]) -> None:
+        if delay > 0:
+            self._call_later(delay, fn)
+        else:
+            fn()
+
+    def _answer_plain(self, conn: Connection, exchange: sasl.SaslServer, allowed: bool) -> None:
+        if conn._finalized or conn._sasl is not exchange:
+            return
+        self._decided(conn, exchange, exchange.checked(allowed))
+
+    def _decided(self, conn: Connection, exchange: sasl.SaslServer, step: sasl.Step) -> None:
+        self._sasl_went_on(conn, exchange, step)
+        self._process_events()
+        self._dirty.add(conn)
+
+    def _check_login(
+        self,
+        conn: Connection,
+        exchange: sasl.SaslServer,
+        user: str,
+        password: str,
+        *,
+        peer: str,
+        doubtful: bool,
+    ) -> None:
+        """Runs the authenticator on a login thread; its answer comes back to the loop."""
+        if conn._finalized or conn._sasl is not exchange:
+            self._lane_freed(peer=peer, doubtful=doubtful)
+            return  # the client went away during the back-off
+        if doubtful:
+            if self._doubtful_checks is None:
+                self._doubtful_checks = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="amqp-login-doubtful"
+                )
+            pool = self._doubtful_checks
+        else:
+            if self._login_checks is None:
+                self._login_checks = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=TRUSTED_LOGIN_THREADS, thread_name_prefix="amqp-login"
+                )
+            pool = self._login_checks
+        future = pool.submit(exchange.authenticator.check, user, password)
+        answer = functools.partial(self._login_checked, conn, exchange, future, peer, doubtful)
         future.add_done_callback(lambda _: self._call_soon_threadsafe(answer))
+
+    def _lane_freed(self, *, peer: str, doubtful: bool) -> None:
+        if doubtful:
+            self._doubtful_pending -= 1
+            return
+        self._trusted_peers[peer] -= 1
+        if self._trusted_peers[peer] <= 0:
+            del self._trusted_peers[peer]
 
     def _login_checked(
         self,
         conn: Connection,
         exchange: sasl.SaslServer,
         future: concurrent.futures.Future[bool],
+        peer: str,
+        doubtful: bool,
     ) -> None:
+        self._lane_freed(peer=peer, doubtful=doubtful)
         if conn._finalized or conn._sasl is not exchange:
             return  # the client went away meanwhile
         try:
             step = exchange.checked(bool(future.result()))
         except Exception as err:  # a broken authenticator denies; it does not crash the engine
             step = exchange.checked(False, failure=str(err))
-        self._sasl_went_on(conn, exchange, step)
-        self._process_events()
-        self._dirty.add(conn)
+        self._decided(conn, exchange, step)
 
     def _tls_step(self, conn: Connection, data: bytes) -> None:
         """Ciphertext from a connection with our own TLS: decrypted, it goes on to our SASL
