@@ -412,8 +412,8 @@ def test_rendered_routers_and_brokers_mount_their_role_certificate_and_probe() -
         (statefulset,) = [d for d in yaml.safe_load_all(text) if d and d["kind"] == "StatefulSet"]
         pod = statefulset["spec"]["template"]["spec"]
         (container,) = pod["containers"]
-        assert {"name": "ENMASSE_TLS_DIR", "value": TLS_DIR} in container["env"], role
-        assert roles[_secret_mounts(pod, container)[TLS_DIR]] == [role]
+        (tls_dir,) = [e["value"] for e in container["env"] if e["name"] == "ENMASSE_TLS_DIR"]
+        assert roles[_secret_mounts(pod, container)[tls_dir]] == [role]
         command = container["readinessProbe"]["exec"]["command"]
         assert command[:2] == PROBE, role
         assert command[1].rpartition("/")[2] in probe, role

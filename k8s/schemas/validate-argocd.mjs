@@ -1,7 +1,8 @@
-// Validates Argo CD objects (Application, ApplicationSet, AppProject) against the schemas of
-// Argo CD's CRDs, as compiled by the npm package @kubernetes-models/argo-cd (pinned in
-// package.json; `npm ci` here installs it). kubernetes-validate covers core Kubernetes objects
-// only, so tests/test_k8s_manifests.py hands every argoproj.io object to this script.
+// Validates custom resources against the schemas of their CRDs: Argo CD's (Application,
+// ApplicationSet, AppProject; npm package @kubernetes-models/argo-cd) and cert-manager's
+// (Certificate, Issuer; @kubernetes-models/cert-manager), both pinned in package.json (`npm ci`
+// here installs them). kubernetes-validate covers core Kubernetes objects only, so
+// tests/test_k8s_manifests.py hands every argoproj.io and cert-manager.io object to this script.
 //
 // In: a JSON array of objects on stdin. Out: a JSON array on stdout, one entry per object, in
 // order: {"kind", "name", "errors": [...]} (empty errors: valid). Exit 0 when every object was
@@ -10,14 +11,20 @@ import { readFileSync } from "node:fs";
 import { Application } from "@kubernetes-models/argo-cd/argoproj.io/v1alpha1/Application";
 import { ApplicationSet } from "@kubernetes-models/argo-cd/argoproj.io/v1alpha1/ApplicationSet";
 import { AppProject } from "@kubernetes-models/argo-cd/argoproj.io/v1alpha1/AppProject";
+import { Certificate } from "@kubernetes-models/cert-manager/cert-manager.io/v1/Certificate";
+import { Issuer } from "@kubernetes-models/cert-manager/cert-manager.io/v1/Issuer";
 
-const MODELS = { Application, ApplicationSet, AppProject };
+// apiVersion -> kind -> model
+const MODELS = {
+  "argoproj.io/v1alpha1": { Application, ApplicationSet, AppProject },
+  "cert-manager.io/v1": { Certificate, Issuer },
+};
 
 function judge(object) {
   const name = object?.metadata?.name ?? "";
-  const Model = object?.apiVersion === "argoproj.io/v1alpha1" ? MODELS[object.kind] : undefined;
+  const Model = MODELS[object?.apiVersion]?.[object?.kind];
   if (Model === undefined) {
-    return { kind: object?.kind, name, errors: [`no Argo CD schema for ${object?.apiVersion} ${object?.kind}`] };
+    return { kind: object?.kind, name, errors: [`no CRD schema for ${object?.apiVersion} ${object?.kind}`] };
   }
   try {
     new Model(object).validate();

@@ -66,15 +66,17 @@ def test_rendering_is_deterministic_and_reads_back() -> None:
     ]
     assert pod["volumes"] == [
         {"name": "mesh-secret", "secret": {"secretName": "shop-router-mesh", "defaultMode": 0o440}},
-        {"name": "tls", "secret": {"secretName": "enmasse-router-tls", "defaultMode": 0o440}},
+        {"name": "grpc-tls", "secret": {"secretName": "enmasse-router-tls", "defaultMode": 0o440}},
         {"name": "grpc-probe", "configMap": {"name": "enmasse-grpc-probe"}},
     ]
     assert pod["containers"][0]["volumeMounts"] == [
         {"name": "mesh-secret", "mountPath": "/etc/enmasse/mesh", "readOnly": True},
-        {"name": "tls", "mountPath": "/etc/enmasse/tls", "readOnly": True},
+        {"name": "grpc-tls", "mountPath": "/etc/enmasse/grpc-tls", "readOnly": True},
         {"name": "grpc-probe", "mountPath": "/etc/enmasse/probe", "readOnly": True},
     ]
-    assert pod["containers"][0]["env"] == [{"name": "ENMASSE_TLS_DIR", "value": "/etc/enmasse/tls"}]
+    assert pod["containers"][0]["env"] == [
+        {"name": "ENMASSE_TLS_DIR", "value": "/etc/enmasse/grpc-tls"}
+    ]
 
 
 def test_the_local_mesh_secret_is_written_once_and_private(tmp_path: Path) -> None:

@@ -54,7 +54,16 @@ def test_a_broker_is_a_service_and_a_stateful_set_with_a_journal_claim() -> None
         "--admin-port=5685",
         "--data-dir=/var/lib/enmasse/broker",
     ]
-    assert container["volumeMounts"] == [{"name": "data", "mountPath": "/var/lib/enmasse/broker"}]
+    assert container["volumeMounts"] == [
+        {"name": "data", "mountPath": "/var/lib/enmasse/broker"},
+        {"name": "grpc-tls", "mountPath": "/etc/enmasse/grpc-tls", "readOnly": True},
+        {"name": "grpc-probe", "mountPath": "/etc/enmasse/probe", "readOnly": True},
+    ]
+    assert container["env"] == [{"name": "ENMASSE_TLS_DIR", "value": "/etc/enmasse/grpc-tls"}]
+    assert stateful_set["spec"]["template"]["spec"]["volumes"] == [
+        {"name": "grpc-tls", "secret": {"secretName": "enmasse-broker-tls", "defaultMode": 0o440}},
+        {"name": "grpc-probe", "configMap": {"name": "enmasse-grpc-probe"}},
+    ]
     (claim,) = stateful_set["spec"]["volumeClaimTemplates"]
     assert claim["metadata"]["name"] == "data"
     selector = stateful_set["spec"]["selector"]["matchLabels"]

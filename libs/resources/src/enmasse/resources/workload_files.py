@@ -39,7 +39,9 @@ ANNOTATION_ADMIN_PORT = "enmasse.io/local-admin-port"
 
 ROUTER_TLS_SECRET = "enmasse-router-tls"  # role data-plane, one for every router
 BROKER_TLS_SECRET = "enmasse-broker-tls"  # role broker, one for every broker
-TLS_MOUNT = "/etc/enmasse/tls"  # tls.crt, tls.key, ca.crt: cert-manager's Secret layout
+# tls.crt, tls.key, ca.crt (cert-manager's Secret layout) of the gRPC mutual TLS; not
+# /etc/enmasse/tls, which k8s/README.md gives a router's client-facing (amqps) certificate.
+TLS_MOUNT = "/etc/enmasse/grpc-tls"
 PROBE_CONFIGMAP = "enmasse-grpc-probe"
 PROBE_MOUNT = "/etc/enmasse/probe"
 PROBE_SCRIPT = f"{PROBE_MOUNT}/health_probe.py"
@@ -48,14 +50,14 @@ PROBE_SCRIPT = f"{PROBE_MOUNT}/health_probe.py"
 def tls_volumes(secret: str) -> list[dict[str, Any]]:
     """The pod's certificate Secret (group-readable: pods run with fsGroup 10001) and the probe."""
     return [
-        {"name": "tls", "secret": {"secretName": secret, "defaultMode": 0o440}},
+        {"name": "grpc-tls", "secret": {"secretName": secret, "defaultMode": 0o440}},
         {"name": "grpc-probe", "configMap": {"name": PROBE_CONFIGMAP}},
     ]
 
 
 def tls_mounts() -> list[dict[str, Any]]:
     return [
-        {"name": "tls", "mountPath": TLS_MOUNT, "readOnly": True},
+        {"name": "grpc-tls", "mountPath": TLS_MOUNT, "readOnly": True},
         {"name": "grpc-probe", "mountPath": PROBE_MOUNT, "readOnly": True},
     ]
 

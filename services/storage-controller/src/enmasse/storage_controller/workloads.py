@@ -12,6 +12,9 @@ placement changes no byte, so git sees no commit and Argo CD no sync.
 The labels and annotations are the contract with everyone who reads the output (the local
 runtime, `read_broker`): they are named, and read back, in `enmasse.resources.rendered_brokers`;
 what is the storage-controller's own here is the shape of the pod (image, ports, journal volume).
+Every broker mounts the Secret `enmasse-broker-tls` (role `broker`, issued by cert-manager) and
+reads it through `$ENMASSE_TLS_DIR`: BrokerAdmin speaks mutual TLS, so readiness is the exec
+probe of `workload_files.health_probe` (kubelet's grpc probe has no client certificate).
 """
 
 from __future__ import annotations
@@ -31,8 +34,13 @@ from enmasse.resources.rendered_brokers import (
 from enmasse.resources.workload_files import (
     ANNOTATION_ADMIN_PORT,
     ANNOTATION_AMQP_PORT,
+    BROKER_TLS_SECRET,
     LABEL_MANAGED_BY,
     LABEL_SPACE,
+    health_probe,
+    tls_env,
+    tls_mounts,
+    tls_volumes,
 )
 
 IMAGE = "enmasse-py/broker"
@@ -116,6 +124,7 @@ def _pod_spec(image: str) -> dict[str, Any]:
             "fsGroup": 10001,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
+        "volumes": tls_volumes(BROKER_TLS_SECRET),
         "containers": [
             {
                 "name": "broker",
@@ -130,13 +139,14 @@ def _pod_spec(image: str) -> dict[str, Any]:
                     {"name": "amqp", "containerPort": AMQP_PORT},
                     {"name": "admin", "containerPort": ADMIN_PORT},
                 ],
-                "readinessProbe": {"grpc": {"port": ADMIN_PORT}, "periodSeconds": 5},
+                "readinessProbe": health_probe(ADMIN_PORT),
                 "securityContext": {
                     "allowPrivilegeEscalation": False,
                     "readOnlyRootFilesystem": True,
                     "capabilities": {"drop": ["ALL"]},
                 },
-                "volumeMounts": [{"name": "data", "mountPath": DATA_DIR}],
+                "env": tls_env(),
+                "volumeMounts": [{"name": "data", "mountPath": DATA_DIR}, *tls_mounts()],
             }
         ],
     }
