@@ -269,16 +269,18 @@ def _stop_workloads_first(var: VarDir, proxy: Any) -> None:
     wait_until(stopped, timeout=WORKLOADS_STOP_TIMEOUT)
     agent = {i["name"]: i["statename"] for i in infos}.get("router-agent")
     if agent == "RUNNING":
-        wait_until(lambda: not routed_addresses_active(var), timeout=PHASES_RECORDED_TIMEOUT)
+        # A list that failed (None: a slow or busy config service) is no answer: keep waiting,
+        # or the next `up` finds Active phases no router runs.
+        wait_until(lambda: routed_addresses_active(var) == [], timeout=PHASES_RECORDED_TIMEOUT)
 
 
-def routed_addresses_active(var: VarDir) -> list[str]:
-    """The addresses of standard spaces the store still says are Active (`space/name`); [] when
-    the config service does not answer (then there is nothing to wait for)."""
+def routed_addresses_active(var: VarDir) -> list[str] | None:
+    """The addresses of standard spaces the store still says are Active (`space/name`); None
+    when the config service did not answer in time."""
     try:
         token = resolve_token(option=None, var_dir=var.root)
         with ConfigClient(
-            server=config_address(var), timeout=2.0, token=token, tls=admin_tls(var.root)
+            server=config_address(var), timeout=5.0, token=token, tls=admin_tls(var.root)
         ) as client:
             spaces = [
                 w.address_space.metadata.name
@@ -292,7 +294,7 @@ def routed_addresses_active(var: VarDir) -> list[str]:
                 if w.address.status.status.phase == ACTIVE
             ]
     except (CliError, OSError, ValueError):
-        return []
+        return None
 
 
 def running(var: VarDir) -> bool:
