@@ -55,6 +55,11 @@ class CliError(click.ClickException):
 
     exit_code = 1
 
+
+class Unreachable(CliError):
+    """The config service did not answer (UNAVAILABLE): down, or a connection that broke. Who
+    waits for something anyway (`up` waiting until addresses are ready) asks again."""
+
     def show(self, file: Any = None) -> None:
         click.echo(f"error: {self.format_message()}", err=True)
 
@@ -169,7 +174,7 @@ def explain(error: grpc.RpcError, *, server: str) -> CliError:
     code = error.code()  # type: ignore[attr-defined]
     details = error.details() or ""  # type: ignore[attr-defined]
     if code == grpc.StatusCode.UNAVAILABLE:
-        return CliError(f"cannot reach the config service at {server}: is `enmasse up` running?")
+        return Unreachable(f"cannot reach the config service at {server}: is `enmasse up` running?")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return CliError(f"the config service at {server} did not answer in time ({details})")
     if code == grpc.StatusCode.ABORTED:

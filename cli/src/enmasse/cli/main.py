@@ -44,6 +44,7 @@ from enmasse.cli.client import (
     TOKEN_ENV,
     CliError,
     ConfigClient,
+    Unreachable,
     admin_tls,
     resolve_server,
     resolve_token,
@@ -413,11 +414,14 @@ def _wait_ready(
     the store says (`readiness.laggards`); CliError naming the laggards after `timeout`."""
     deadline = time.monotonic() + timeout
     while True:
-        lagging = {
-            space: why
-            for space in spaces
-            if (why := _laggards(client, var, space=space, settled_ok=settled_ok))
-        }
+        try:
+            lagging = {
+                space: why
+                for space in spaces
+                if (why := _laggards(client, var, space=space, settled_ok=settled_ok))
+            }
+        except Unreachable as error:  # a connection that broke under load: not ready yet
+            lagging = {space: [str(error)] for space in spaces}
         if not lagging:
             return
         if time.monotonic() > deadline:
