@@ -211,9 +211,13 @@ class ConfigClient:
         timeout: float = DEFAULT_TIMEOUT,
         token: str = "",
         tls: TlsFiles | None = None,
+        wait_for_ready: bool = False,
     ) -> None:
         self.server = server
         self.timeout = timeout
+        # `up` talks to a config service it has just (re)started: a call then waits, within its
+        # deadline, for the connection instead of failing at once with UNAVAILABLE.
+        self._wait_for_ready = wait_for_ready
         self._metadata = bearer_metadata(token)
         # A restarted config service must be found again within a second: gRPC's default
         # reconnect back-off grows to minutes, longer than `watch` waits for it.
@@ -232,7 +236,12 @@ class ConfigClient:
     def _call(self, method: str, request: Any) -> Any:
         rpc: Callable[..., Any] = getattr(self._stub, method)
         try:
-            return rpc(request, timeout=self.timeout, metadata=self._metadata)
+            return rpc(
+                request,
+                timeout=self.timeout,
+                metadata=self._metadata,
+                wait_for_ready=self._wait_for_ready,
+            )
         except grpc.RpcError as error:
             raise explain(error, server=self.server) from None
 

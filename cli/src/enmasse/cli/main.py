@@ -71,6 +71,7 @@ class Settings:
     var: VarDir
     timeout: float
     token_option: str | None = None
+    patient: bool = False  # calls wait for a config service that is still starting (`up`)
 
     @property
     def server(self) -> str:
@@ -85,7 +86,11 @@ class Settings:
         that calls with the least-privilege token `up` made for it (<var>/run/tokens/), unless
         --token or $ENMASSE_TOKEN says otherwise."""
         return ConfigClient(
-            server=self.server, timeout=self.timeout, token=self._token(service), tls=self.tls
+            server=self.server,
+            timeout=self.timeout,
+            token=self._token(service),
+            tls=self.tls,
+            wait_for_ready=self.patient,
         )
 
     @property
@@ -492,6 +497,7 @@ def up(settings: Settings, demo: bool, examples: str | None) -> None:
         var=settings.var,
         timeout=settings.timeout,
         token_option=settings.token_option,
+        patient=True,
     )
     if not demo:
         with server_settings.client() as client:
