@@ -55,13 +55,13 @@ class CliError(click.ClickException):
 
     exit_code = 1
 
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
 
 class Unreachable(CliError):
     """The config service did not answer (UNAVAILABLE): down, or a connection that broke. Who
     waits for something anyway (`up` waiting until addresses are ready) asks again."""
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"error: {self.format_message()}", err=True)
 
 
 def resolve_server(*, option: str | None, var_dir: Path) -> str:
