@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -63,14 +64,24 @@ def ensure_admin_token(var: VarDir) -> None:
         write_secret(var.admin_token, secrets.token_urlsafe(32))
 
 
+ACCEPT_TRIES = 3
+
+
 def accepted(address: str, token: str, *, tls: TlsFiles | None) -> bool:
-    """Whether config at `address` takes `token` (a read every role may make)."""
-    with ConfigClient(server=address, timeout=5.0, token=token, tls=tls) as client:
-        try:
-            client.list(KINDS["AddressPlan"])
-        except CliError:
-            return False
-    return True
+    """Whether config at `address` takes `token` (a read every role may make). A config service
+    `up` has just (re)started may not answer the first call under load: a failed call is tried
+    again, and the calls wait for the connection, before the token counts as refused."""
+    with ConfigClient(
+        server=address, timeout=10.0, token=token, tls=tls, wait_for_ready=True
+    ) as client:
+        for attempt in range(ACCEPT_TRIES):
+            try:
+                client.list(KINDS["AddressPlan"])
+                return True
+            except CliError:
+                if attempt + 1 < ACCEPT_TRIES:
+                    time.sleep(1.0)
+    return False
 
 
 def ensure_service_tokens(var: VarDir, *, address: str) -> list[str]:
