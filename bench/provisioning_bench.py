@@ -44,8 +44,8 @@ import grpc
 from enmasse.amqp import codec
 from enmasse.amqp.client import AmqpError, Client, Receiver, Sender
 from enmasse.amqp.engine import Outcome
-from enmasse.cli.client import admin_tls, resolve_token
-from enmasse.common.credentials import channel_credentials
+from enmasse.cli.client import local_ca_file, resolve_token
+from enmasse.common.credentials import verifying_credentials
 from enmasse.resources.kinds import resource_of
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
@@ -353,13 +353,13 @@ LATENCY_COLUMNS = ["type", "plan", "n", "failed", "p50 ms", "p99 ms", "max ms"]
 
 
 def admin_channel(var: Path, target: str) -> grpc.Channel:
-    """The runtime's config service as the CLI reaches it: mutual TLS with the admin's
-    certificate from <var>/tls, and the admin token `enmasse up` wrote on every call."""
-    tls = admin_tls(var)
-    if tls is None:
-        raise RuntimeError(f"no admin certificate under {var}: was it made by `enmasse up`?")
+    """The runtime's config service as the CLI reaches it: TLS verified against the CA
+    certificate `enmasse up` published, and the admin token it wrote on every call."""
+    ca_file = local_ca_file(var)
+    if ca_file is None:
+        raise RuntimeError(f"no CA certificate under {var}: was it made by `enmasse up`?")
     credentials = grpc.composite_channel_credentials(
-        channel_credentials(tls),
+        verifying_credentials(ca_file),
         grpc.access_token_call_credentials(resolve_token(option=None, var_dir=var)),
     )
     return grpc.secure_channel(target, credentials, options=CHANNEL_OPTIONS)

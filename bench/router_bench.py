@@ -1,6 +1,8 @@
 """Router figures: anycast through one router and a two-router chain, beside the client ceiling;
 a queue through router -> broker -> router beside the same queue on the broker directly; latency
-at a fixed rate; memory per idle client connection; mesh convergence after a SIGKILL.
+at a fixed rate; memory per idle client connection; mesh convergence after a SIGKILL. Suite
+`router-mesh-tls`: the two-router chain with the mesh in clear and over mutual TLS (both with the
+space's secret), rounds alternating between two running pairs so the machine's load falls on both.
 
 What flows in: the shared harness's clients (spawned processes on the engine's bulk runners) and
 router / broker processes started here on free loopback ports in a temp dir (the same launchers
@@ -8,13 +10,14 @@ the tests use), each stopped by PID at the end. What flows out: tables (figures,
 assertions), with the ratios the router issue asks for computed in the same run, so that a loaded
 machine moves numerator and denominator together.
 
-`python -m bench router [--quick] [--record]`.
+`python -m bench router [--quick] [--record]`, `python -m bench router-mesh-tls [--quick]`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import statistics
 import tempfile
 import time
 from collections.abc import Iterator
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from enmasse.amqp.engine import Connection, ConnectionHandler, Engine
+from enmasse.common.certificates import CONTROL_PLANE, DATA_PLANE
 from enmasse.v1 import router_pb2
 
 from bench.harness import (
@@ -38,11 +42,13 @@ from bench.harness import (
     ceiling_throughput,
     latency,
     latency_row,
+    process_cpu_seconds,
     suite,
     throughput,
     throughput_row,
 )
 from tests.fixtures.broker import BrokerProcess
+from tests.fixtures.certificates import issue
 from tests.fixtures.router import RouterFleet
 
 _SPAWN = multiprocessing.get_context("spawn")
@@ -297,6 +303,91 @@ def _convergence_table() -> Table:
             table.add(run + 1, (time.monotonic() - killed_at) * 1000)
     table.notes.append("Measured by polling RouterAdmin.GetStats every 5 ms (adds up to ~10 ms).")
     return table
+
+
+@contextlib.contextmanager
+def _mesh_pair(workdir: Path, *, tls: bool) -> Iterator[RouterFleet]:
+    """r1 and r2 meshed with the space's secret; with tls, each with a certificate of one CA
+    (`--tls-dir`: the mesh is mutual TLS, PLAIN and the secret inside it), as `enmasse up` runs
+    them."""
+    workdir.mkdir(parents=True)
+    secret = workdir / "mesh-secret"
+    secret.write_text("bench-secret\n")
+    secret.chmod(0o600)
+    pki = workdir.parent / "pki"
+    fleet = RouterFleet(workdir=workdir)
+    try:
+        for router_id in ("r1", "r2"):
+            args = [f"--mesh-secret-file={secret}"]
+            admin = None
+            if tls:
+                own = issue(pki, ca="ca", name=router_id, role=DATA_PLANE)
+                args += ["--tls-dir", str(own.directory)]
+                admin = issue(pki, ca="ca", name="agent", role=CONTROL_PLANE)
+            fleet.start(router_id, extra_args=tuple(args), admin_tls=admin)
+        addresses = {f"mesh-{n}": "anycast" for n in range(64)}
+        fleet.apply_all(fleet.mesh_config(generation=1, addresses=addresses))
+        fleet.wait_for_mesh()
+        yield fleet
+    finally:
+        fleet.stop_all()
+
+
+def _across(fleet: RouterFleet, *, address: str, messages: int, settled: bool) -> tuple[Any, ...]:
+    """Producer on r1, consumer on r2: (msgs/s, both routers' CPU µs per message, received)."""
+    r1, r2 = fleet.routers["r1"], fleet.routers["r2"]
+    cpu = process_cpu_seconds(r1.pid) + process_cpu_seconds(r2.pid)
+    result = _split_throughput(
+        send_port=r1.amqp_port,
+        recv_port=r2.amqp_port,
+        address=address,
+        messages=messages,
+        settled=settled,
+    )
+    cpu = process_cpu_seconds(r1.pid) + process_cpu_seconds(r2.pid) - cpu
+    per_message = cpu * 1e6 / result.received if result.received else 0.0
+    return result.rate, per_message, result.received, "; ".join(result.errors)
+
+
+@suite("router-mesh-tls", "anycast across two meshed routers: the mesh in clear vs mutual TLS")
+def mesh_tls_suite(ctx: Context) -> Iterator[Table]:
+    messages = ctx.messages(100_000)
+    rounds = 1 if ctx.quick else 3
+    runs = Table(
+        "Anycast producer -> r1 -> r2 -> consumer, 100 B: mesh in clear vs mutual TLS",
+        ["mode", "mesh", "round", "msgs/s", "routers CPU µs/msg", "received", "errors"],
+    )
+    ratios = Table(
+        "Mesh TLS / clear (medians of the rounds)", ["mode", "figure", "clear", "TLS", "ratio"]
+    )
+    address = iter(f"mesh-{n}" for n in range(64))
+    with contextlib.ExitStack() as stack:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mesh-tls-")))
+        clear = stack.enter_context(_mesh_pair(workdir / "clear", tls=False))
+        secured = stack.enter_context(_mesh_pair(workdir / "tls", tls=True))
+        for settled in (False, True):
+            mode = "pre-settled" if settled else "acked"
+            figures: dict[str, list[tuple[Any, ...]]] = {"clear": [], "TLS": []}
+            for n in range(rounds):
+                for mesh, fleet in (("clear", clear), ("TLS", secured)):
+                    run = _across(fleet, address=next(address), messages=messages, settled=settled)
+                    figures[mesh].append(run)
+                    runs.add(mode, mesh, n + 1, *run)
+            rate = {m: statistics.median(r[0] for r in f) for m, f in figures.items()}
+            cpu = {m: statistics.median(r[1] for r in f) for m, f in figures.items()}
+            ratio = rate["TLS"] / rate["clear"] if rate["clear"] else 0.0
+            ratios.add(mode, "msgs/s", rate["clear"], rate["TLS"], f"{ratio:.2f}")
+            cpu_ratio = cpu["TLS"] / cpu["clear"] if cpu["clear"] else 0.0
+            ratios.add(mode, "routers CPU µs/msg", cpu["clear"], cpu["TLS"], f"{cpu_ratio:.2f}")
+    runs.notes.append(
+        "Both meshes log in with the space's secret; the TLS one also presents and verifies "
+        "certificates of one CA (the listener side runs the engine's own TLS under its SASL, "
+        "the dialling side proton's). Clients connect to the routers in clear: only the mesh "
+        "link differs. Rounds alternate clear / TLS."
+    )
+    ratios.notes.append("Issue #15's target: TLS costs at most 25% (msgs/s ratio >= 0.75).")
+    yield runs
+    yield ratios
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ def test_up_keeps_its_tokens_private_each_of_the_least_role(local_runtime: Local
 
 def test_calls_without_a_token_or_beyond_its_role_are_refused(local_runtime: LocalRuntime) -> None:
     agent = (local_runtime.var / "run" / "tokens" / "router-agent.token").read_text()
-    with local_runtime.channel(local_runtime.config) as channel:  # TLS: the only way in
+    with local_runtime.config_channel() as channel:  # TLS (no client certificate): a tenant's
         stub = config_pb2_grpc.ConfigServiceStub(channel)
         with pytest.raises(grpc.RpcError) as anonymous:
             stub.ListAddressSpaces(config_pb2.ListRequest(), timeout=10)

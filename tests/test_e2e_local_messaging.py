@@ -311,7 +311,8 @@ def test_the_router_lets_in_only_the_spaces_users(shop: int, connect: Connect) -
 
 def test_a_brokered_space_serves_clients_from_its_one_broker(local_runtime: LocalRuntime) -> None:
     """examples/jms-space.yaml: no router; the space's endpoint is its broker's, and the CLI's
-    send and receive find it in the space's status."""
+    send and receive find it in the space's status, logged in as the space's user (the broker
+    lets no one in anonymously, as the plan says, nor a user of another space)."""
     example = Path(__file__).resolve().parents[1] / "examples" / "jms-space.yaml"
     local_runtime.apply(example.read_text(), name="jms-space.yaml")
     local_runtime.wait_active("jms", ["invoices", "notifications"], timeout=120)
@@ -322,15 +323,35 @@ def test_a_brokered_space_serves_clients_from_its_one_broker(local_runtime: Loca
     ports = json.loads((local_runtime.var / "brokers/jms/jms-broker-0/ports.json").read_text())
     assert port == ports["amqp"]  # the broker itself: no router in between
 
+    def scram(user: str, password: str) -> Client:
+        return Client(
+            "127.0.0.1", port, timeout=15, user=user, password=password,
+            mechanisms=sasl.CLIENT_MECHANISMS,
+        )  # fmt: skip
+
+    refusals = []
+    for login in (
+        lambda: Client("127.0.0.1", port, timeout=15),  # anonymous
+        lambda: scram(USER, PASSWORD),  # the user of another space
+    ):
+        with pytest.raises(AmqpError) as refused:
+            login().close()
+        refusals.append(refused.value.condition)
+    assert refusals == [
+        Condition("amqp:unauthorized-access", "Authentication failed [mech=none]"),
+        Condition("amqp:unauthorized-access", "Authentication failed [mech=SCRAM-SHA-512]"),
+    ]
+
+    app = ("--user", "app", "--password", "demo-password")
     sent = enmasse(
-        local_runtime.var, "send", "invoices", "--space", "jms", "-n", "2", "--body", "inv"
+        local_runtime.var, "send", "invoices", "--space", "jms", "-n", "2", "--body", "inv", *app
     )
     assert (sent.returncode, sent.stdout.strip()) == (
         0,
         "sent 2 messages to queue 'invoices' (accepted)",
     )
-    got = enmasse(local_runtime.var, "receive", "invoices", "--space", "jms", "-n", "2")
+    got = enmasse(local_runtime.var, "receive", "invoices", "--space", "jms", "-n", "2", *app)
     assert (got.returncode, got.stdout.split()) == (0, ["inv", "inv"]), got.stderr
-    with Client("127.0.0.1", port, timeout=15) as client:
+    with scram("app", "demo-password") as client:
         receiver = client.receiver("invoices", credit=10)
         assert nothing_more(receiver)

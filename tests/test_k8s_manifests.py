@@ -18,7 +18,10 @@ applied by hand. Out: assertions on what a cluster would be handed:
   cert-manager Certificate issues and passes `--tls-dir`, every Certificate's Issuer exists,
   etcd serves https to its own CA's client certificates only, config runs with `--auth`, each
   controller with its own token, no Secret with a literal value is in git, and the exec health
-  probe (kubelet's grpc probe has no client certificate) answers against a real mTLS server.
+  probe (kubelet's grpc probe has no client certificate) answers against a real mTLS server;
+- every client endpoint the controllers render (routers, a brokered space's broker) serves amqps
+  on 5671 with a cert-manager Certificate of its own, rendered beside it and mounted where its
+  flags point.
 
 A missing tool fails the test with how to install it: CI installs everything, so a skip would
 only hide a broken setup. Two negative controls prove the validators can say no.
@@ -380,9 +383,10 @@ def test_routers_and_brokers_have_their_role_certificates() -> None:
     }
     assert certificates["enmasse-router-tls"]["subject"]["organizationalUnits"] == ["data-plane"]
     assert certificates["enmasse-broker-tls"]["subject"]["organizationalUnits"] == ["broker"]
-    admin = certificates["enmasse-admin-tls"]
-    assert admin["subject"]["organizationalUnits"] == ["control-plane"]
-    assert "server auth" not in admin["usages"]
+    # The person's read-only look at RouterAdmin and BrokerAdmin: not a control-plane identity.
+    operator = certificates["enmasse-operator-tls"]
+    assert operator["subject"]["organizationalUnits"] == ["operator"]
+    assert "server auth" not in operator["usages"]
 
 
 def test_rendered_routers_and_brokers_mount_their_role_certificate_and_probe() -> None:
@@ -419,6 +423,62 @@ def test_rendered_routers_and_brokers_mount_their_role_certificate_and_probe() -
         assert command[1].rpartition("/")[2] in probe, role
         probe_volume = {v["name"]: v for v in pod["volumes"]}["grpc-probe"]
         assert probe_volume["configMap"]["name"] == "enmasse-grpc-probe"
+
+
+def test_client_endpoints_serve_amqps_with_a_certificate_of_their_own() -> None:
+    """Every rendered router, and a brokered space's broker, carries a cert-manager Certificate
+    in its file (valid against cert-manager's schema, issued by a base Issuer, naming its own
+    Service, role `endpoint`, server auth only), mounts its Secret where --tls-cert and
+    --tls-key point, and opens 5671 on the pod and the Service; the flags are ones the router's
+    and the broker's own parsers know."""
+    # Imported here: a service that does not import fails this test, not the whole file.
+    from enmasse.broker.main import parse_settings
+    from enmasse.resources.rendered_brokers import Broker, LocalPorts
+    from enmasse.resources.rendered_routers import LocalRouterPorts, RouterWorkload
+    from enmasse.router.main import main as router_main
+    from enmasse.router_agent.workloads import render_router
+    from enmasse.storage_controller.workloads import render_broker
+
+    issuers = named(build("base"), "Issuer")
+    rendered = {
+        "shop-router-0": render_router(
+            RouterWorkload("shop", "router-0", ports=LocalRouterPorts(1, 2, 3, amqps=4))
+        ),
+        "jms-broker-0": render_broker(
+            space="jms",
+            broker=Broker("jms-broker-0", pooled=True),
+            ports=LocalPorts(5, 6, amqps=7),
+            routers_only=False,
+        ),
+    }
+    router_flags = {option for param in router_main.params for option in param.opts}
+    for service_name, text in rendered.items():
+        objects = [doc for doc in yaml.safe_load_all(text) if doc]
+        assert [o["kind"] for o in objects] == ["Service", "Certificate", "StatefulSet"]
+        service, certificate, statefulset = objects
+        assert [e for o in (service, statefulset) if (e := strict_schema_errors(o))] == []
+        assert [v for v in argocd_verdicts([certificate]) if v["errors"]] == []
+        spec = certificate["spec"]
+        assert spec["issuerRef"]["name"] in issuers, service_name
+        assert f"{service_name}.enmasse.svc" in spec["dnsNames"], service_name
+        assert spec["subject"]["organizationalUnits"] == ["endpoint"], service_name
+        assert "client auth" not in spec["usages"], service_name
+        pod = statefulset["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        args = container["args"]
+        cert, key = _flag(args, "--tls-cert"), _flag(args, "--tls-key")
+        assert (cert, key) == (f"{TLS_DIR}/tls.crt", f"{TLS_DIR}/tls.key"), service_name
+        assert _secret_mounts(pod, container)[TLS_DIR] == spec["secretName"], service_name
+        assert _flag(args, "--amqps-port") == "5671", service_name
+        assert {"name": "amqps", "containerPort": 5671} in container["ports"], service_name
+        assert {"name": "amqps", "port": 5671, "targetPort": "amqps"} in service["spec"]["ports"]
+        if service_name.startswith("shop-router"):
+            assert {a.split("=", 1)[0] for a in args} <= router_flags
+        else:
+            settings = parse_settings(args)
+            assert settings.client_tls is not None
+            assert settings.client_tls.cert_file == f"{TLS_DIR}/tls.crt"
+            assert settings.amqps_port == 5671
 
 
 @pytest.mark.parametrize("directory", ["base", *OVERLAYS])

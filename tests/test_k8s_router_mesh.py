@@ -4,8 +4,9 @@ In: k8s/per-space built the way the enmasse-workloads ApplicationSet builds it f
 second source's `kustomize` block, read from k8s/argocd/apps/workloads.yaml, with the space's name
 put in), the platform's NetworkPolicies (overlays/prod), and router workloads rendered by
 `enmasse.router_agent.workloads.render_router` for two spaces. Out: assertions on who reaches a
-router's inter-router port (the routers of its own space, nobody else), and on the mesh secret
-and client-auth contract between the router workload and k8s/README.md.
+router's inter-router port (the routers of its own space, nobody else), on the mesh secret
+and client-auth contract between the router workload and k8s/README.md, and on the certificates
+the mesh's and the broker links' mutual TLS need (one CA, both usages).
 
 NetworkPolicy selection is evaluated here with the API's own rules (matchLabels, and
 matchExpressions with In / NotIn / Exists / DoesNotExist), because no API server runs here.
@@ -152,3 +153,40 @@ def test_router_workloads_mount_the_mesh_secret_the_readme_names() -> None:
     assert args["inter-router-port"] == str(INTER_ROUTER_PORT)
     readme = (K8S / "README.md").read_text()
     assert "Secret `<space>-router-mesh` (key `secret`" in readme
+
+
+def test_the_mesh_and_the_brokers_links_get_certificates_of_one_ca_for_both_ends() -> None:
+    """A router reads its certificate through $ENMASSE_TLS_DIR and uses it at both ends of the
+    mesh's mutual TLS (it listens and it dials) and towards its brokers, which take only the
+    routers on their AMQP port (`--routers-only`): router and broker certificates must be of the
+    same CA, each good for server and client auth."""
+    from enmasse.resources.rendered_brokers import Broker, LocalPorts
+    from enmasse.storage_controller.workloads import render_broker
+
+    base = {
+        d["spec"]["secretName"]: d["spec"]
+        for d in kustomize(K8S / "base")
+        if d["kind"] == "Certificate"
+    }
+    texts = {
+        "enmasse-router-tls": render_router(
+            RouterWorkload(space="shop", router_id="router-0", ports=LocalRouterPorts(1, 2, 3))
+        ),
+        "enmasse-broker-tls": render_broker(
+            space="shop", broker=Broker("shop-broker-0", pooled=True), ports=LocalPorts(4, 5)
+        ),
+    }
+    issuers, args = set(), {}
+    for secret, text in texts.items():
+        (statefulset,) = [d for d in yaml.safe_load_all(text) if d and d["kind"] == "StatefulSet"]
+        pod = statefulset["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        (tls_dir,) = [e["value"] for e in container["env"] if e["name"] == "ENMASSE_TLS_DIR"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == tls_dir]
+        assert volumes[mount["name"]]["secret"]["secretName"] == secret
+        assert {"server auth", "client auth"} <= set(base[secret]["usages"]), secret
+        issuers.add(base[secret]["issuerRef"]["name"])
+        args[secret] = container["args"]
+    assert issuers == {"enmasse-ca"}
+    assert "--routers-only" in args["enmasse-broker-tls"]

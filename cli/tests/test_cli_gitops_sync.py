@@ -128,18 +128,23 @@ def test_commits_are_applied_pruned_and_refused_with_file_and_line(
     )
     code, out, err, status = sync(server, repo, var)
     assert code == 0, err
-    assert out.splitlines() == [
-        # files in name order: audit.yaml, orders.yaml, space.yaml
-        "shop: address/audit created",
-        "shop: address/orders created",
-        "shop: addressspace/shop created",
-        f"synced {head[:12]}: created 3",
-    ]
+    assert (
+        out.splitlines()
+        == [
+            # files in name order: audit.yaml, orders.yaml, space.yaml
+            "shop: address/audit created",
+            "shop: address/orders created",
+            "shop: addressspace/shop created",
+            "shop: address/dlq created",  # the repository declares no DLQ: the space gets one
+            f"synced {head[:12]}: created 4",
+        ]
+    )
     assert status["revision"] == head
     assert held(server) == {
         ("AddressSpace", "shop"): "gitops",
         ("Address", "orders"): "gitops",
         ("Address", "audit"): "gitops",
+        ("Address", "dlq"): "enmasse-space",
     }
 
     # Applied by hand with the CLI: owned by "cli", never pruned by the sync.
@@ -156,6 +161,7 @@ def test_commits_are_applied_pruned_and_refused_with_file_and_line(
         ("AddressSpace", "shop"): "gitops",
         ("Address", "orders"): "gitops",
         ("Address", "manual"): "cli",
+        ("Address", "dlq"): "enmasse-space",  # not the sync's to prune
     }
 
     head = repo.commit(
@@ -179,6 +185,7 @@ def test_commits_are_applied_pruned_and_refused_with_file_and_line(
         ("Address", "orders"): "gitops",
         ("Address", "manual"): "cli",
         ("Address", "invoices"): "gitops",
+        ("Address", "dlq"): "enmasse-space",
     }
 
 

@@ -76,7 +76,7 @@ def test_validate_prints_each_broken_manifest_as_file_line_message(tmp_path: Pat
 
 def test_the_examples_are_valid() -> None:
     code, out, _err = run("validate", "-f", str(EXAMPLES))
-    assert (code, out) == (0, "10 manifests valid\n")
+    assert (code, out) == (0, "11 manifests valid\n")
 
 
 def test_examples_hold_every_address_type_and_a_brokered_space() -> None:

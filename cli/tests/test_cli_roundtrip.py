@@ -36,9 +36,12 @@ APPLIED_EXAMPLES = [
     "address/rpc created",
     "address/events created",
     "messaginguser/app created",
+    "address/dlq created",  # each space's DLQ, which its queues' plans name
     "addressspace/jms created",
     "address/invoices created",
     "address/notifications created",
+    "messaginguser/app created",
+    "address/dlq created",
 ]
 
 
@@ -68,12 +71,14 @@ def test_apply_get_delete_round_trip(server: str) -> None:
     assert out.splitlines() == APPLIED_EXAMPLES
 
     code, out, _ = enmasse(server, "apply", "-f", str(EXAMPLES))
-    assert out.splitlines() == [line.replace("created", "unchanged") for line in APPLIED_EXAMPLES]
+    assert out.splitlines() == [
+        line.replace("created", "unchanged") for line in APPLIED_EXAMPLES if "dlq" not in line
+    ]
 
     code, out, _ = enmasse(server, "get", "addresses", "--space", "demo")
     assert code == 0
     rows = {row["NAME"]: row for row in table(out)}
-    assert sorted(rows) == ["events", "orders", "prices", "prices-audit", "rpc"]
+    assert sorted(rows) == ["dlq", "events", "orders", "prices", "prices-audit", "rpc"]
     assert rows["orders"] == {
         "SPACE": "demo",
         "NAME": "orders",
@@ -83,6 +88,22 @@ def test_apply_get_delete_round_trip(server: str) -> None:
         "PHASE": "-",
     }
     assert rows["prices-audit"]["TYPE"] == "subscription"
+
+    code, out, _ = enmasse(server, "get", "addresses", "--space", "demo", "-o", "wide")
+    assert code == 0
+    rows = {row["NAME"]: row for row in table(out)}
+    assert rows["dlq"] == {
+        "SPACE": "demo",
+        "NAME": "dlq",
+        "ADDRESS": "DLQ",
+        "TYPE": "queue",
+        "PLAN": "standard-small-queue",
+        "PHASE": "-",
+        "MANAGED-BY": "enmasse-space",
+        "DEAD-LETTERED": "0",
+        "DEAD-HELD": "0",
+    }
+    assert rows["orders"]["MANAGED-BY"] == "cli"
 
     code, out, _ = enmasse(server, "get", "as", "-o", "yaml")
     docs = list(yaml.safe_load_all(out))
@@ -99,9 +120,12 @@ def test_apply_get_delete_round_trip(server: str) -> None:
     assert invoices["spec"] == {"address": "invoices", "type": "queue", "plan": "brokered-queue"}
 
     code, out, _ = enmasse(server, "get", "users", "-o", "json")
-    [user] = json.loads(out)
-    assert user["spec"]["username"] == "app"
-    assert "password" not in user["spec"]  # input only, never returned
+    users = json.loads(out)
+    assert sorted((u["metadata"]["space"], u["spec"]["username"]) for u in users) == [
+        ("demo", "app"),
+        ("jms", "app"),
+    ]
+    assert all("password" not in u["spec"] for u in users)  # input only, never returned
 
     code, out, _ = enmasse(server, "delete", "address", "rpc", "--space", "demo")
     assert (code, out) == (0, "address/rpc deleted\n")
@@ -109,6 +133,7 @@ def test_apply_get_delete_round_trip(server: str) -> None:
     assert (code, out, err) == (1, "", "error: Address demo/rpc not found\n")
     code, out, _ = enmasse(server, "get", "addresses", "--space", "demo")
     assert sorted(row["NAME"] for row in table(out)) == [
+        "dlq",
         "events",
         "orders",
         "prices",
@@ -174,7 +199,8 @@ def test_watch_streams_changes_and_quits_cleanly_on_ctrl_c(server: str) -> None:
     try:
         lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=read_lines, args=(watcher.stdout, lines), daemon=True).start()
-        assert {next_line(lines), next_line(lines)} == {
+        assert {next_line(lines), next_line(lines), next_line(lines)} == {
+            "ADDED    address/dlq space=jms",
             "ADDED    address/invoices space=jms",
             "ADDED    address/notifications space=jms",
         }

@@ -79,6 +79,11 @@ def test_up_demo_sends_on_each_type_then_status_send_receive_crash_up_again_down
             int(w[2].rsplit(":", 1)[1]) for w in words(up.stdout) if w[:2] == ["demo:", "amqp"]
         )
         assert f"demo: amqp 127.0.0.1:{demo_port}" in lines
+        # Every client endpoint offers amqps beside amqp: the routers and the brokered broker.
+        demo_tls = next(
+            int(w[2].rsplit(":", 1)[1]) for w in words(up.stdout) if w[:2] == ["demo:", "amqps"]
+        )
+        assert any(w[:2] == ["jms:", "amqps"] for w in words(up.stdout)), up.stdout
 
         status = enmasse(var, "status")
         assert status.returncode == 0, status.stdout + status.stderr
@@ -89,6 +94,11 @@ def test_up_demo_sends_on_each_type_then_status_send_receive_crash_up_again_down
         assert ["demo", "orders", "orders", "queue", "standard-small-queue", "Active"] in words(
             status.stdout
         )
+        # each space's dead-letter queue, which the examples never declare, is there and Active
+        assert ["demo", "dlq", "DLQ", "queue", "standard-small-queue", "Active"] in words(
+            status.stdout
+        )
+        assert ["jms", "dlq", "DLQ", "queue", "brokered-queue", "Active"] in words(status.stdout)
 
         sent = enmasse(var, "send", *LOGIN, "orders", "--body", "one", "--count", "2")
         assert (sent.returncode, sent.stdout) == (
@@ -123,6 +133,9 @@ def test_up_demo_sends_on_each_type_then_status_send_receive_crash_up_again_down
         assert (kept.returncode, kept.stdout) == (0, "away-1\naway-2\n")
         by_url = enmasse(var, "send", *LOGIN, "events", "--url", f"amqp://127.0.0.1:{demo_port}")
         assert by_url.stdout == "sent 1 message to 'events' (accepted)\n"
+        over_tls = f"amqps://127.0.0.1:{demo_tls}"  # verified against var/tls/ca.crt
+        by_tls = enmasse(var, "send", *LOGIN, "events", "--url", over_tls)
+        assert by_tls.stdout == "sent 1 message to 'events' (accepted)\n", by_tls.stderr
 
         # A crashed router and a crashed control-plane service come back (supervisord).
         os.kill(before["demo-router-0"][1], signal.SIGKILL)

@@ -1,7 +1,9 @@
 """The pure parts of the local runtime and of send/receive, without any process.
 
-Rendered workload files -> supervisor programs (names, commands, include files, written once);
-the lines `send` and the demo print; where `send` finds its router.
+Rendered workload files -> supervisor programs (names, commands, include files, written once),
+and where `up` made certificates, each client endpoint's amqps listener with a certificate of
+its own naming it; the lines `send` and the demo print; where `send` finds its router, and an
+amqps URL's TLS.
 """
 
 from __future__ import annotations
@@ -9,10 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from enmasse.amqp.wire import Outcome
+from cryptography import x509
+from enmasse.amqp.wire import Outcome, Tls
 from enmasse.cli import messaging
 from enmasse.cli.client import CliError
 from enmasse.cli.local.runtime import desired_programs, program_files, write_program_files
+from enmasse.cli.local.tls import ensure_certificates, ensure_endpoint_certificate
 from enmasse.cli.local.var_dir import VarDir
 from enmasse.resources.rendered_brokers import Broker, LocalPorts
 from enmasse.resources.rendered_routers import LocalRouterPorts, RouterWorkload
@@ -25,7 +29,9 @@ def rendered_gitops(var: VarDir) -> None:
     directory = var.gitops / "workloads" / "demo"
     directory.mkdir(parents=True)
     router = RouterWorkload(
-        "demo", "router-0", LocalRouterPorts(amqp=41000, inter_router=41001, admin=41002)
+        "demo",
+        "router-0",
+        LocalRouterPorts(amqp=41000, inter_router=41001, admin=41002, amqps=41003),
     )
     (directory / "router-0.yaml").write_text(render_router(router))
     broker = Broker(id="demo-broker-0", pooled=True)
@@ -57,6 +63,37 @@ def test_every_rendered_workload_becomes_one_program_with_its_pinned_ports(tmp_p
     assert router.priority < broker.priority
 
 
+def test_where_up_made_certificates_every_router_serves_amqps_with_its_own(
+    tmp_path: Path,
+) -> None:
+    """The router's command opens its pinned amqps port with the certificate the runtime issues
+    it, its program's name and localhost in the SAN, server auth only; a standard space's broker
+    serves no clients, so no amqps."""
+    var = VarDir(tmp_path)
+    rendered_gitops(var)
+    ensure_certificates(var)
+    programs = desired_programs(var)
+    router, broker = programs["demo-router-0"], programs["demo-broker-0"]
+    own = tmp_path / "tls" / "endpoints" / "demo-router-0"
+    assert router.command[-3:] == (
+        f"--tls-cert={own}/tls.crt",
+        f"--tls-key={own}/tls.key",
+        "--amqps-port=41003",
+    )
+    assert router.endpoint
+    assert not broker.endpoint
+    assert not any(word.startswith("--tls-cert") for word in broker.command)
+    files = ensure_endpoint_certificate(var, "demo-router-0")
+    assert files.directory == own
+    certificate = x509.load_pem_x509_certificate(files.cert.read_bytes())
+    names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == ["demo-router-0", "localhost"]
+    usages = certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usages) == [x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]
+    assert (tmp_path / "tls" / "ca.crt").read_bytes() == files.ca.read_bytes()  # clients trust
+    assert files.key.stat().st_mode & 0o777 == 0o600
+
+
 def test_program_files_are_written_once_and_removed_with_their_workload(tmp_path: Path) -> None:
     var = VarDir(tmp_path)
     rendered_gitops(var)
@@ -79,11 +116,25 @@ def test_send_lines_say_how_many_where_and_the_outcome() -> None:
     assert line == "sent 3 messages to 'x' (2 accepted, 1 rejected)"
 
 
-def test_a_url_is_host_and_port_or_a_precise_error() -> None:
+def test_a_url_is_host_and_port_or_a_precise_error(tmp_path: Path) -> None:
     assert messaging.parse_url("amqp://127.0.0.1:5672") == messaging.Endpoint("127.0.0.1", 5672)
     assert messaging.parse_url("127.0.0.1:5672/") == messaging.Endpoint("127.0.0.1", 5672)
-    with pytest.raises(CliError, match=r"--url 'nowhere': expected amqp://HOST:PORT or HOST:PORT"):
+    with pytest.raises(
+        CliError, match=r"--url 'nowhere': expected amqp://HOST:PORT, amqps://HOST:PORT or HOST:"
+    ):
         messaging.parse_url("nowhere")
+    ca = tmp_path / "ca.crt"
+    secure = messaging.parse_url("amqps://localhost:5671", ca_file=ca)
+    assert secure == messaging.Endpoint(
+        "localhost", 5671, tls=Tls(ca_file=str(ca), verify_hostname=True)
+    )
+    assert str(secure) == "amqps://localhost:5671"
+    with pytest.raises(CliError) as no_ca:
+        messaging.parse_url("amqps://localhost:5671")
+    assert no_ca.value.message == (
+        "--url 'amqps://localhost:5671': amqps needs the CA its certificate chains to: give "
+        "--ca-file (`enmasse up`'s is <var-dir>/tls/ca.crt)"
+    )
 
 
 def test_a_space_without_routers_yet_has_no_endpoint_to_send_to() -> None:

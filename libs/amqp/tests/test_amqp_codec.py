@@ -100,6 +100,11 @@ def test_delivery_count_rewrite_keeps_the_rest():
     message = Message()
     message.decode(rewritten)
     assert message.delivery_count == 3
+    # Handed out again, it has been acquired before: first-acquirer goes false.
+    acquired = codec.with_header(original, codec.Header(durable=True, first_acquirer=True))
+    assert codec.read_header(codec.with_delivery_count(acquired, 1)) == codec.Header(
+        durable=True, first_acquirer=False, delivery_count=1
+    )
     # A message with no header gets one.
     bare = codec.encode_message(b"bare")
     assert codec.read_header(codec.with_delivery_count(bare, 1)).delivery_count == 1

@@ -1,6 +1,7 @@
 """The engine's basic path, over real loopback sockets: a tiny queue peer built on the engine
 (attach / refuse, credit, transfer, every outcome, pre-settled, detach, dynamic nodes, timers,
-cross-thread calls), driven by the engine's blocking client and by proton's own BlockingConnection.
+cross-thread calls, a session the handler ends at its begin), driven by the engine's blocking
+client and by proton's own BlockingConnection.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from enmasse.amqp.engine import (
     Outcome,
     Terminus,
 )
-from proton import Message
-from proton.utils import BlockingConnection, LinkDetached
+from proton import Endpoint, Message
+from proton.utils import BlockingConnection, BlockingSender, LinkDetached
 
 
 class Queues:
@@ -238,6 +239,54 @@ def test_consumer_receives_from_proton_sender(queue_peer, amqp_client):
     receiver = amqp_client(port).receiver("q")
     got = [codec.read_body(receiver.receive().payload) for _ in range(5)]
     assert got == [f"p{i}" for i in range(5)]
+
+
+class TwoSessions(QueuePeer):
+    """Takes at most two sessions a connection; says how many each begin found held."""
+
+    def on_session_begin(self, conn: Connection, *, held: int) -> Condition | None:
+        self.queues.events.append(f"begin held={held}")
+        if held >= 2:
+            return Condition("amqp:resource-limit-exceeded", f"{held} sessions are enough")
+        return None
+
+
+def test_a_session_begun_by_the_peer_is_the_handlers_to_take_or_end(amqp_listener):
+    queues = Queues()
+    _engine, port = amqp_listener(lambda: TwoSessions(queues))
+    conn = BlockingConnection(f"127.0.0.1:{port}", timeout=5)
+
+    def sender_on_a_new_session() -> BlockingSender:
+        session = conn.conn.session()
+        session.open()
+        link = session.sender(f"q-{len(queues.events)}")
+        link.target.address = "q"
+        link.open()
+        return BlockingSender(conn, link)
+
+    try:
+        first, second = sender_on_a_new_session(), sender_on_a_new_session()
+        third = conn.conn.session()
+        third.open()
+        conn.wait(lambda: bool(third.state & Endpoint.REMOTE_CLOSED), msg="the third session")
+        ended = third.remote_condition
+        assert (ended.name, ended.description) == (
+            "amqp:resource-limit-exceeded",
+            "2 sessions are enough",
+        )
+        third.close()
+        first.send(Message(body="first"))
+        second.send(Message(body="second"))
+        session = first.link.session
+        session.close()
+        conn.wait(lambda: bool(session.state & Endpoint.REMOTE_CLOSED), msg="the first session")
+        sender_on_a_new_session().send(Message(body="after"))
+    finally:
+        conn.close()
+    begins = [event for event in queues.events if event.startswith("begin")]
+    assert begins == ["begin held=0", "begin held=1", "begin held=2", "begin held=1"]
+    assert "detach q closed=False" in queues.events, "the first session's end ended its link"
+    assert list(map(codec.read_body, queues.messages["q"])) == ["first", "second", "after"]
 
 
 def test_dynamic_receiver_gets_the_address_the_peer_made(queue_peer, amqp_client):

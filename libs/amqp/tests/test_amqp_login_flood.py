@@ -41,7 +41,7 @@ ATTACKER = "127.0.0.2"
 
 
 class Remembering:
-    """The router's way with PLAIN (`enmasse.router.access.UserLogins`): scrypt hashes checked on
+    """The endpoints' way with PLAIN (`enmasse.amqp.logins.UserLogins`): scrypt hashes checked on
     a login thread, a good password remembered as an HMAC; SCRAM keys beside."""
 
     def __init__(self) -> None:

@@ -2,6 +2,8 @@
 
 A plaintext client gets no call through, nor one whose certificate another CA signed; a client
 of the CA does, and `caller_roles` lets only the named roles reach a servicer (health stays open).
+A port that requires no client certificate (the config service's) stays TLS-only and lets in a
+client that verifies it and presents nothing (`verifying_credentials`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from enmasse.common.certificates import (
     ensure_authority,
     ensure_certificate,
 )
-from enmasse.common.credentials import peer_channel
+from enmasse.common.credentials import peer_channel, verifying_credentials
 from enmasse.common.serving import RunningServer, start_server
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -94,5 +96,31 @@ async def test_caller_roles_admit_only_the_named_roles(tmp_path: Path) -> None:
             probe = health_pb2_grpc.HealthStub(channel)
             answer = await probe.Check(health_pb2.HealthCheckRequest(), timeout=5)
             assert answer.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        await running.stop(grace=0)
+
+
+async def test_a_port_that_requires_no_certificate_is_still_tls_only(tmp_path: Path) -> None:
+    server_files = _files(tmp_path, ca="ours", name="server", role=CONTROL_PLANE)
+    running = await start_server(
+        registrations=[(_add_echo, object(), SERVICE)],
+        tls=server_files,
+        require_client_certificate=False,
+    )
+    target = f"127.0.0.1:{running.port}"
+    try:
+        verified = verifying_credentials(server_files.ca)
+        async with grpc.aio.secure_channel(target, verified) as channel:
+            assert await _say_over(channel) == b"heard hello"
+        async with grpc.aio.insecure_channel(target) as plaintext:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await _say_over(plaintext)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        stranger = _files(tmp_path, ca="theirs", name="client", role=CONTROL_PLANE)
+        trusting_another = verifying_credentials(stranger.ca)  # the client checks the server
+        async with grpc.aio.secure_channel(target, trusting_another) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await _say_over(channel)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
         await running.stop(grace=0)

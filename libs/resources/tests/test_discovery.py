@@ -16,6 +16,7 @@ from enmasse.resources.discovery import (
     DirectoryError,
     LocalDirectory,
     broker_of,
+    client_endpoints,
     router_of,
     write_ports,
 )
@@ -35,6 +36,23 @@ def test_ports_files_parse_and_bad_ones_are_refused_precisely() -> None:
         router_of("r0", {"amqp": 2, "admin": 1})
     with pytest.raises(DirectoryError, match="broker-0: ports file needs 'admin'"):
         broker_of("broker-0", {"amqp": 9, "admin": 0})
+
+
+def test_an_amqps_port_is_read_when_there_and_shown_beside_amqp() -> None:
+    """A process that listens for TLS too says `amqps`; a space's status lists each one's amqp
+    and then its amqps endpoint, and only amqp for one without."""
+    secure = router_of("r0", {**ROUTER_PORTS, "amqps": 4})
+    plain = router_of("r1", {"amqp": 12, "inter_router": 13, "admin": 11})
+    assert (secure.amqps_port, plain.amqps_port) == (4, None)
+    assert broker_of("broker-0", {"amqp": 9, "admin": 8, "amqps": 7}).amqps_port == 7
+    with pytest.raises(DirectoryError, match=r"r0: ports file needs 'amqps' in 1\.\.65535"):
+        router_of("r0", {**ROUTER_PORTS, "amqps": 0})
+    shown = [(e.name, e.host, e.port) for e in client_endpoints([secure, plain])]
+    assert shown == [
+        ("amqp", "127.0.0.1", 2),
+        ("amqps", "127.0.0.1", 4),
+        ("amqp", "127.0.0.1", 12),
+    ]
 
 
 def test_the_ports_tree_follows_processes_by_space(tmp_path: Path) -> None:

@@ -3,8 +3,9 @@ after the field) and of the plan limits that reach the routers (never negative).
 
 from __future__ import annotations
 
+import yaml
 from enmasse.resources.kinds import resource_of
-from enmasse.resources.plans import load_default_plans
+from enmasse.resources.plans import load_default_plans, resource_from_manifest
 from enmasse.resources.validation import Catalog, validate_resource
 from enmasse.v1 import resources_pb2
 
@@ -55,10 +56,48 @@ def test_plan_limits_are_not_negative() -> None:
                 "max_connections_per_user": -1,
                 "max_message_size": -1,
                 "max_links_per_connection": -1,
+                "max_sessions_per_connection": -1,
             },
         },
     )
     assert _messages(plan) == [
         f"AddressSpacePlan limited: spec.quotas.{name}: must not be negative (0 means unlimited)"
-        for name in ("max_connections_per_user", "max_message_size", "max_links_per_connection")
+        for name in (
+            "max_connections_per_user",
+            "max_message_size",
+            "max_links_per_connection",
+            "max_sessions_per_connection",
+        )
     ]
+
+
+def test_a_manifest_names_the_session_limit_as_the_other_quotas_and_it_is_checked() -> None:
+    manifest = yaml.safe_load(
+        """
+        apiVersion: enmasse.io/v1
+        kind: AddressSpacePlan
+        metadata: {name: chatty}
+        spec:
+          addressSpaceType: standard
+          quotas: {maxConnections: 10, maxLinksPerConnection: 20, maxSessionsPerConnection: -4}
+        """
+    )
+    plan = resource_from_manifest(manifest).address_space_plan
+    assert plan.spec.quotas.max_sessions_per_connection == -4
+    assert _messages(plan) == [
+        "AddressSpacePlan chatty: spec.quotas.max_sessions_per_connection: "
+        "must not be negative (0 means unlimited)"
+    ]
+
+
+def test_the_default_standard_plans_limit_sessions_per_connection() -> None:
+    plans = {
+        r.address_space_plan.metadata.name: r.address_space_plan
+        for r in load_default_plans()
+        if r.WhichOneof("kind") == "address_space_plan"
+    }
+    assert {
+        name: plan.spec.quotas.max_sessions_per_connection
+        for name, plan in plans.items()
+        if plan.spec.address_space_type == "standard"
+    } == {"standard-small": 64, "development": 64}

@@ -51,7 +51,7 @@ def test_competing_consumers_share_fairly_in_order_none_lost(broker: BrokerProce
     assert len(got["a"]) == len(got["b"]) == 20
 
 
-def test_released_is_redelivered_to_another_consumer_with_count_plus_one(
+def test_released_is_redelivered_unchanged_and_a_consumer_gone_counts_one(
     broker: BrokerProcess,
 ) -> None:
     broker.ensure_queue("work")
@@ -60,13 +60,14 @@ def test_released_is_redelivered_to_another_consumer_with_count_plus_one(
         c.sender("work").send(message("job"))
         delivery = first.receive()
         assert codec.read_header(delivery.payload).delivery_count == 0
-        first.close()
+        first.close()  # gone holding it: it may have been processed, count + 1
         second = c.receiver("work", credit=1)
         first_attempt = second.receive()
-        second.settle(first_attempt, Outcome.RELEASED)
+        assert codec.read_header(first_attempt.payload).delivery_count == 1
+        second.settle(first_attempt, Outcome.RELEASED)  # not processed: unchanged
         again = second.receive()
         assert body(again.payload) == "job"
-        assert codec.read_header(again.payload).delivery_count == 2
+        assert codec.read_header(again.payload).delivery_count == 1
         second.accept(again)
     listed = broker.addresses()["work"]
     assert (listed.depth, listed.dequeued) == (0, 1)

@@ -160,7 +160,7 @@ def test_released_count_survives_a_restart(tmp_path: Path) -> None:
     holder = Holder()
     queue.add_consumer(holder)
     queue.dispatch(0)
-    queue.remove_consumer(holder)  # the consumer went away holding it: released, count + 1
+    queue.remove_consumer(holder)  # the consumer went away holding it: given back, count + 1
     first.commit()
     second = Broker(data_dir=tmp_path)
     second.start()

@@ -48,7 +48,7 @@ def test_single_consumer_gets_fifo_order() -> None:
     assert a.ids == list(range(1, 101))
 
 
-def test_released_goes_to_another_consumer_with_delivery_count_plus_one() -> None:
+def test_released_goes_to_another_consumer_unchanged() -> None:
     q, removed = filled(1)
     a, b = Recorder(1), Recorder(1)
     q.add_consumer(a)
@@ -58,7 +58,7 @@ def test_released_goes_to_another_consumer_with_delivery_count_plus_one() -> Non
     q.settle(a, entry, Settlement.RELEASED)
     q.dispatch(0)
     assert b.ids == [1]
-    assert b.got[0].delivery_count == 1
+    assert b.got[0].delivery_count == 0  # AMQP 1.0 3.4.4: the message is unchanged
     assert entry.failed_attempts == 0
     q.settle(b, entry, Settlement.ACCEPTED)
     assert removed == [(1, Removal.ACKED)]
@@ -99,7 +99,47 @@ def test_release_does_not_count_as_failed_attempt() -> None:
         q.dispatch(0)
         q.settle(a, a.got[-1], Settlement.RELEASED)
     assert removed == []
-    assert a.got[-1].delivery_count == 5
+    assert (a.got[-1].delivery_count, a.got[-1].failed_attempts) == (0, 0)
+
+
+def test_only_delivery_failed_counts_and_only_failures_dead_letter() -> None:
+    counted: list[int] = []
+    q, removed = filled(1, Plan(max_delivery_attempts=2), journaled=True)
+    q.on_counted = lambda _q, e: counted.append(e.delivery_count)
+    a = Recorder(100)
+    q.add_consumer(a)
+    seen = []
+    for settlement in (
+        Settlement.RELEASED,
+        Settlement.MODIFIED,
+        Settlement.FAILED,
+        Settlement.RELEASED,
+        Settlement.MODIFIED,
+        Settlement.FAILED,
+    ):
+        q.dispatch(0)
+        seen.append(a.got[-1].delivery_count)
+        q.settle(a, a.got[-1], settlement)
+    assert seen == [0, 0, 0, 1, 1, 1]
+    assert removed == [(1, Removal.DEAD_LETTERED)]  # at the second failure, not the sixth outcome
+    assert (a.got[-1].delivery_count, a.got[-1].failed_attempts) == (2, 2)
+    assert counted == [1], "only a changed count is journaled (the dead letter moves with 2)"
+
+
+def test_a_rewritten_message_counts_its_new_size() -> None:
+    q, _ = filled(2)
+    a = Recorder(1)
+    q.add_consumer(a)
+    q.dispatch(0)
+    q.settle(a, a.got[0], Settlement.RELEASED)
+    q.rewrite(a.got[0], b"y" * 14)
+    assert (q.bytes, q.budget.used) == (24, 24)
+    a.grant(2)
+    q.dispatch(0)
+    assert [e.payload for e in a.got] == [b"y" * 14, b"y" * 14, b"x" * 10]
+    for entry in a.got[1:]:
+        q.settle(a, entry, Settlement.ACCEPTED)
+    assert (q.bytes, q.budget.used, q.depth) == (0, 0, 0)
 
 
 def test_rejected_goes_straight_to_dead_letter() -> None:

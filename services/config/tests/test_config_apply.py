@@ -60,6 +60,7 @@ async def test_create_then_unchanged_then_updated(config_stub) -> None:
         ("AddressSpace", "shop", "CREATED"),
         ("Address", "a", "CREATED"),
         ("Address", "b", "CREATED"),
+        ("Address", "dlq", "CREATED"),  # the space's DLQ, which the queues' plan names
     ]
     stored = await addresses(config_stub)
     assert stored["a"].metadata.managed_by == "gitops"
@@ -93,7 +94,7 @@ async def test_prune_removes_exactly_what_left_the_batch_and_only_its_own(config
         ("Address", "b", "UNCHANGED"),
         ("Address", "c", "PRUNED"),
     ]
-    assert sorted(await addresses(config_stub)) == ["a", "b", "mine"]
+    assert sorted(await addresses(config_stub)) == ["a", "b", "dlq", "mine"]
 
 
 async def test_dry_run_writes_nothing(config_stub) -> None:
@@ -105,7 +106,7 @@ async def test_dry_run_writes_nothing(config_stub) -> None:
         ("Address", "a", "PRUNED"),
     ]
     assert dry.revision == before.revision
-    assert sorted(await addresses(config_stub)) == ["a"]
+    assert sorted(await addresses(config_stub)) == ["a", "dlq"]
 
 
 async def test_atomic_refuses_the_whole_batch(config_stub) -> None:
@@ -151,7 +152,7 @@ async def test_non_atomic_applies_the_valid_and_refuses_the_rest(config_stub) ->
         messages[4]
         == "Address elsewhere/x: metadata: is outside the scope of this apply: address space 'shop'"
     )
-    assert sorted(await addresses(config_stub)) == ["good", "old"]
+    assert sorted(await addresses(config_stub)) == ["dlq", "good", "old"]
 
 
 async def test_twenty_concurrent_overlapping_applies_end_consistent(config_server) -> None:
@@ -274,7 +275,7 @@ async def test_a_batch_larger_than_etcd_takes_is_refused_whole(tmp_path, etcd_pr
             assert after.revision == before.revision
             assert list(after.items) == []
             fits = await apply(stub, [queue(f"q{n}") for n in range(10)])
-            assert [Action.Name(r.action) for r in fits.results] == ["CREATED"] * 10
+            assert [Action.Name(r.action) for r in fits.results] == ["CREATED"] * 11  # + DLQ
     finally:
         if config is not None:
             await stop_in_process(config)

@@ -223,9 +223,9 @@ async def test_the_matrix_every_caller_every_verb_own_space_and_another(secured)
     assert found == expected, "\n" + _table(
         {k: v for k, v in found.items() if expected.get(k) != v}
     )
-    # Nothing a refused caller tried was done: B has only its own address left.
+    # Nothing a refused caller tried was done: B has only its own address (and DLQ) left.
     left = await stub.ListAddresses(config_pb2.ListRequest(space=B), metadata=admin.metadata)
-    assert [a.metadata.name for a in left.items] == ["q"]
+    assert [a.metadata.name for a in left.items] == ["dlq", "q"]
 
 
 async def test_a_tenant_sees_only_its_spaces_and_no_secrets(secured) -> None:
@@ -240,7 +240,7 @@ async def test_a_tenant_sees_only_its_spaces_and_no_secrets(secured) -> None:
     spaces = await stub.ListAddressSpaces(config_pb2.ListRequest(), metadata=tenant.metadata)
     assert [s.metadata.name for s in spaces.items] == [A]
     addresses = await stub.ListAddresses(config_pb2.ListRequest(), metadata=tenant.metadata)
-    assert [(a.metadata.space, a.metadata.name) for a in addresses.items] == [(A, "q")]
+    assert [(a.metadata.space, a.metadata.name) for a in addresses.items] == [(A, "dlq"), (A, "q")]
     plans = await stub.ListAddressPlans(config_pb2.ListRequest(), metadata=tenant.metadata)
     assert plans.items, "every space uses the plans: a tenant reads them"
     events = await tenant.watched(config_pb2.WatchRequest())

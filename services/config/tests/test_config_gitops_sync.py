@@ -76,11 +76,13 @@ async def test_a_directory_is_applied_pruned_and_refusals_name_file_and_line(
     )
     status = await sync(config_server, root)
     assert status.ok, status.refused
-    assert status.applied == {"CREATED": 3}
+    assert status.applied == {"CREATED": 4}
     assert await stored(config_server) == {
         ("AddressSpace", "", "shop"): "gitops",
         ("Address", "shop", "orders"): "gitops",
         ("Address", "shop", "audit"): "gitops",
+        # the directory declares no DLQ; the queues' plan names one: the space has it
+        ("Address", "shop", "dlq"): "enmasse-space",
     }
 
     # Somebody adds an address by hand: gitops must never prune it.
@@ -102,6 +104,7 @@ async def test_a_directory_is_applied_pruned_and_refusals_name_file_and_line(
         ("AddressSpace", "", "shop"),
         ("Address", "shop", "orders"),
         ("Address", "shop", "manual"),
+        ("Address", "shop", "dlq"),  # not the sync's to prune
     }
 
     # An object the store refuses (no such plan): refused with its file:line, the rest applies.
@@ -133,6 +136,7 @@ async def test_a_directory_is_applied_pruned_and_refusals_name_file_and_line(
     assert status.ok
     assert ("AddressSpace", "", "shop") not in await stored(config_server)
     assert ("Address", "shop", "orders") not in await stored(config_server)
+    assert ("Address", "shop", "dlq") not in await stored(config_server)
 
 
 async def test_follow_writes_the_status_and_applies_each_new_revision(
@@ -159,7 +163,7 @@ async def test_follow_writes_the_status_and_applies_each_new_revision(
     )
     try:
         first = await _status_with(status_path, tree_revision(root))
-        assert first["applied"] == {"CREATED": 2}
+        assert first["applied"] == {"CREATED": 3}  # the space, orders, and its DLQ
         assert first["refused"] == []
         write(root, {"shop/broken.yaml": "kind: [unclosed\n"})
         second = await _status_with(status_path, tree_revision(root))
@@ -208,7 +212,7 @@ def test_the_config_process_syncs_its_manifests_dir(
             time.sleep(0.1)
         status = _read(status_path)
         assert status["revision"] == tree_revision(root)
-        assert status["applied"] == {"CREATED": 2}
+        assert status["applied"] == {"CREATED": 3}  # the space, orders, and its DLQ
         assert status["error"] == ""
     finally:
         os.kill(process.pid, signal.SIGKILL)

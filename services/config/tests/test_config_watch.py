@@ -1,7 +1,9 @@
 """Watch: list then changes, resume from a revision, filters, and no lies across restarts.
 
 The restart tests SIGKILL real processes (the config service, etcd) and assert the exact event
-sequence a client sees: nothing missed, nothing repeated.
+sequence a client sees: nothing missed, nothing repeated. The spaces here use plans whose queues
+name no dead-letter address (`plain_plans`), so the events are the test's own, without the `DLQ`
+queue a space gets with its first queue of a default plan.
 """
 
 from __future__ import annotations
@@ -24,12 +26,31 @@ NAMES = {Event.ADDED: "ADDED", Event.MODIFIED: "MODIFIED", Event.DELETED: "DELET
 
 def space(name: str) -> resources_pb2.AddressSpace:
     return resources_pb2.AddressSpace(
-        metadata={"name": name}, spec={"type": "standard", "plan": "standard-small"}
+        metadata={"name": name}, spec={"type": "standard", "plan": "plain"}
+    )
+
+
+async def plain_plans(stub: config_pb2_grpc.ConfigServiceStub) -> None:
+    """A space plan `plain` of queue plans that name no dead-letter address."""
+    for name, credit in (("plain-queue", 0.01), ("plain-large-queue", 1)):
+        await stub.CreateAddressPlan(
+            resources_pb2.AddressPlan(
+                metadata={"name": name}, spec={"address_type": "queue", "broker": credit}
+            )
+        )
+    await stub.CreateAddressSpacePlan(
+        resources_pb2.AddressSpacePlan(
+            metadata={"name": "plain"},
+            spec={
+                "address_space_type": "standard",
+                "address_plans": ["plain-queue", "plain-large-queue"],
+            },
+        )
     )
 
 
 def queue(
-    name: str, *, space_name: str = "shop", plan: str = "standard-small-queue"
+    name: str, *, space_name: str = "shop", plan: str = "plain-queue"
 ) -> resources_pb2.Address:
     return resources_pb2.Address(
         metadata={"name": name, "space": space_name},
@@ -66,6 +87,7 @@ async def until_serving(stub, *, within: float = 30.0) -> None:
 
 
 async def test_list_then_synced_then_changes(config_stub) -> None:
+    await plain_plans(config_stub)
     await config_stub.CreateAddressSpace(space("shop"))
     first = await config_stub.CreateAddress(queue("q1"))
     call = config_stub.Watch(
@@ -77,7 +99,7 @@ async def test_list_then_synced_then_changes(config_stub) -> None:
     assert listed[2].revision >= first.metadata.resource_version
 
     second = await config_stub.CreateAddress(queue("q2"))
-    second.spec.plan = "standard-large-queue"
+    second.spec.plan = "plain-large-queue"
     modified = await config_stub.UpdateAddress(second)
     deleted = await config_stub.DeleteAddress(
         config_pb2.DeleteRequest(ref=Ref(space="shop", name="q1"))
@@ -90,11 +112,12 @@ async def test_list_then_synced_then_changes(config_stub) -> None:
         modified.metadata.resource_version,
         deleted.revision,
     ]
-    assert changes[1].object.address.spec.plan == "standard-large-queue"
+    assert changes[1].object.address.spec.plan == "plain-large-queue"
     assert changes[2].object.address.spec.address == "q1", "DELETED carries the object as it was"
 
 
 async def test_resume_from_revision_gets_exactly_the_later_changes(config_stub) -> None:
+    await plain_plans(config_stub)
     await config_stub.CreateAddressSpace(space("shop"))
     marks = []
     for name in ("a", "b", "c", "d"):
@@ -107,6 +130,7 @@ async def test_resume_from_revision_gets_exactly_the_later_changes(config_stub) 
 
 
 async def test_filters_by_kind_and_space(config_stub) -> None:
+    await plain_plans(config_stub)
     await config_stub.CreateAddressSpace(space("a"))
     await config_stub.CreateAddressSpace(space("b"))
     call = config_stub.Watch(config_pb2.WatchRequest(kinds=["Address"], space="b"))
@@ -130,6 +154,7 @@ async def test_unknown_kind_is_refused(config_stub) -> None:
 
 
 async def test_cascade_delete_streams_every_deletion(config_stub) -> None:
+    await plain_plans(config_stub)
     await config_stub.CreateAddressSpace(space("shop"))
     await config_stub.CreateAddress(queue("q1"))
     await config_stub.CreateAddress(queue("q2"))
@@ -183,6 +208,7 @@ async def test_informer_across_config_sigkill_and_restart(
     config = config_process_factory(etcd_endpoint=etcd.endpoint, prefix=etcd_prefix)
     async with grpc.aio.insecure_channel(config.target) as channel:
         stub = config_pb2_grpc.ConfigServiceStub(channel)
+        await plain_plans(stub)
         await stub.CreateAddressSpace(space("shop"))
         await stub.CreateAddress(queue("before"))
     recorder = Recorder()
@@ -196,7 +222,7 @@ async def test_informer_across_config_sigkill_and_restart(
             stub = config_pb2_grpc.ConfigServiceStub(channel)
             await until_serving(stub)
             after = await stub.CreateAddress(queue("after"))
-            after.spec.plan = "standard-large-queue"
+            after.spec.plan = "plain-large-queue"
             await stub.UpdateAddress(after)
             await stub.DeleteAddress(config_pb2.DeleteRequest(ref=Ref(space="shop", name="before")))
             await recorder.until(4)
@@ -221,6 +247,7 @@ async def test_watch_across_etcd_sigkill_and_restart(fresh_etcd, etcd_prefix) ->
     try:
         async with grpc.aio.insecure_channel(config.target) as channel:
             stub = config_pb2_grpc.ConfigServiceStub(channel)
+            await plain_plans(stub)
             await stub.CreateAddressSpace(space("shop"))
             await stub.CreateAddress(queue("q1"))
             raw = stub.Watch(config_pb2.WatchRequest(kinds=["Address"]))
@@ -254,6 +281,7 @@ async def test_compacted_revision_is_out_of_range_and_the_informer_relists(
     try:
         async with grpc.aio.insecure_channel(config.target) as channel:
             stub = config_pb2_grpc.ConfigServiceStub(channel)
+            await plain_plans(stub)
             await stub.CreateAddressSpace(space("shop"))
             for name in ("keep", "change", "drop"):
                 await stub.CreateAddress(queue(name))
@@ -263,7 +291,7 @@ async def test_compacted_revision_is_out_of_range_and_the_informer_relists(
             await informer.stop()  # away for a while
             old = informer.revision
             changed = await stub.GetAddress(Ref(space="shop", name="change"))
-            changed.spec.plan = "standard-large-queue"
+            changed.spec.plan = "plain-large-queue"
             await stub.UpdateAddress(changed)
             await stub.DeleteAddress(config_pb2.DeleteRequest(ref=Ref(space="shop", name="drop")))
             await stub.CreateAddress(queue("new"))
@@ -299,6 +327,7 @@ async def test_filtered_changes_still_move_the_resume_revision(config_stub, monk
     from enmasse.config import watch
 
     monkeypatch.setattr(watch, "PROGRESS_EVERY", 0.0)
+    await plain_plans(config_stub)
     await config_stub.CreateAddressSpace(space("a"))
     await config_stub.CreateAddressSpace(space("b"))
     call = config_stub.Watch(config_pb2.WatchRequest(kinds=["Address"], space="b"))
@@ -312,6 +341,7 @@ async def test_filtered_changes_still_move_the_resume_revision(config_stub, monk
 
 
 async def test_informer_view_and_a_failing_handler(config_server, config_stub) -> None:
+    await plain_plans(config_stub)
     await config_stub.CreateAddressSpace(space("shop"))
     seen_names: list[str] = []
     done = asyncio.Event()
@@ -347,6 +377,7 @@ async def test_informer_view_and_a_failing_handler(config_server, config_stub) -
 async def test_informer_cut_inside_a_transaction_replays_it_without_repeats(
     config_server, config_stub
 ) -> None:
+    await plain_plans(config_stub)
     await config_stub.CreateAddressSpace(space("shop"))
     for name in ("q1", "q2", "q3"):
         await config_stub.CreateAddress(queue(name))

@@ -15,6 +15,8 @@ Action = config_pb2.ApplyResult.Action
 
 
 def catalog() -> Catalog:
+    """The default plans and the space `shop`, with the dead-letter queue its queues' plans
+    name (`DLQ`: the config service created it with the space's first queue)."""
     out = Catalog()
     for plan in load_default_plans():
         out.put(plan)
@@ -22,6 +24,12 @@ def catalog() -> Catalog:
         resources_pb2.AddressSpace(
             metadata={"name": "shop", "resource_version": 7},
             spec={"type": "standard", "plan": "standard-small"},
+        )
+    )
+    out.put(
+        resources_pb2.Address(
+            metadata={"name": "dlq", "space": "shop", "managed_by": "enmasse-space"},
+            spec={"address": "DLQ", "type": "queue", "plan": "standard-small-queue"},
         )
     )
     return out

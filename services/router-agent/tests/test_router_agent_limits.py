@@ -23,6 +23,7 @@ QUOTAS = resources_pb2.Quotas(
     max_connections_per_user=10,
     max_message_size=1 << 20,
     max_links_per_connection=100,
+    max_sessions_per_connection=64,
     max_addresses=50,
 )
 
@@ -33,7 +34,8 @@ def test_the_space_counts_are_split_across_its_routers() -> None:
         max_connections_per_user=4,
         max_message_size=1 << 20,
         max_links_per_connection=100,
-    )
+        max_sessions_per_connection=64,
+    ), "sessions are per connection: every router gets the plan's number, not a share"
     assert router_limits(QUOTAS, routers=1).max_connections == 1000
     assert router_limits(QUOTAS, routers=2).max_connections == 500
     few = resources_pb2.Quotas(max_connections=2, max_connections_per_user=1)
@@ -61,6 +63,18 @@ def test_a_plan_change_or_another_router_is_a_new_generation_with_new_limits() -
         max_connections_per_user=4,
         max_message_size=1 << 20,
         max_links_per_connection=100,
+        max_sessions_per_connection=64,
     )
+    fewer_sessions = resources_pb2.Quotas()
+    fewer_sessions.CopyFrom(smaller)
+    fewer_sessions.max_sessions_per_connection = 4
+    assert routing.update(
+        routes={}, held_back={}, routers=routers(3), now_ms=350, quotas=fewer_sessions
+    ), "a changed session limit alone is a new generation"
+    assert [routing.config(f"r{i}").limits.max_sessions_per_connection for i in range(3)] == [
+        4,
+        4,
+        4,
+    ]
     assert routing.update(routes={}, held_back={}, routers=routers(3), now_ms=400, quotas=None)
     assert routing.config("r0").limits == router_pb2.RouterLimits(), "no plan: no limits"

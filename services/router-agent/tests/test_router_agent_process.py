@@ -346,7 +346,9 @@ async def test_a_killed_router_takes_its_addresses_out_of_active_until_it_is_bac
             timeout=5,
         )
         await place_like_the_storage_controller(stub, "orders", broker="broker-0")
-        names = {"calls", "news", "orders"}
+        # orders' plan names DLQ: the space got its `dlq` queue, placed the same way
+        await place_like_the_storage_controller(stub, "dlq", broker="broker-0")
+        names = {"calls", "news", "orders", "dlq"}
         await all_active(stub, names)
 
         killed_at = time.monotonic()
@@ -384,7 +386,7 @@ async def test_a_killed_router_takes_its_addresses_out_of_active_until_it_is_bac
         )
         await all_active(stub, names)
         running = back.admin().GetConfig(router_pb2.GetConfigRequest(), timeout=5)
-        assert sorted(a.address for a in running.addresses) == sorted(names)
+        assert sorted(a.address for a in running.addresses) == ["DLQ", "calls", "news", "orders"]
         again = await statuses(stub)
         assert list(again["orders"].messages) == [
             "placed on broker broker-0",

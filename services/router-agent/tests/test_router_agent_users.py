@@ -4,8 +4,9 @@ change (password or rules) is a new generation; the space plan's login policy wi
 
 from __future__ import annotations
 
+from enmasse.resources.client_access import endpoint_users
 from enmasse.resources.discovery import RouterEndpoint
-from enmasse.router_agent.routing import LoginPolicy, SpaceRouting, router_users
+from enmasse.router_agent.routing import LoginPolicy, SpaceRouting
 from enmasse.v1 import resources_pb2, router_pb2
 
 ROUTERS = [
@@ -22,7 +23,7 @@ def user(name: str, password_hash: str) -> resources_pb2.MessagingUser:
 
 
 def test_routers_get_each_user_with_its_stored_hash() -> None:
-    users = router_users([user("bob", "scrypt$b"), user("alice", "scrypt$a"), user("eve", "")])
+    users = endpoint_users([user("bob", "scrypt$b"), user("alice", "scrypt$a"), user("eve", "")])
     assert users == (
         router_pb2.RouterUser(username="alice", password_hash="scrypt$a"),
         router_pb2.RouterUser(username="bob", password_hash="scrypt$b"),
@@ -31,10 +32,10 @@ def test_routers_get_each_user_with_its_stored_hash() -> None:
 
 def test_a_user_change_is_a_new_generation_for_every_router() -> None:
     routing = SpaceRouting(space="shop")
-    alice = router_users([user("alice", "scrypt$1")])
+    alice = endpoint_users([user("alice", "scrypt$1")])
     assert routing.update(routes={}, held_back={}, routers=ROUTERS, now_ms=100, users=alice)
     assert not routing.update(routes={}, held_back={}, routers=ROUTERS, now_ms=150, users=alice)
-    new_password = router_users([user("alice", "scrypt$2")])
+    new_password = endpoint_users([user("alice", "scrypt$2")])
     assert routing.update(routes={}, held_back={}, routers=ROUTERS, now_ms=200, users=new_password)
     assert routing.generation == 200
     for router in ROUTERS:
@@ -49,7 +50,7 @@ def test_routers_get_each_users_rules_and_a_rule_change_is_a_new_generation() ->
     alice = user("alice", "scrypt$a")
     alice.spec.authorization.add(addresses=["orders/#", "pq"], operations=["send", "recv"])
     alice.spec.authorization.add(addresses=["*"], operations=["view"])
-    rendered = router_users([alice])
+    rendered = endpoint_users([alice])
     assert rendered == (
         router_pb2.RouterUser(
             username="alice",
@@ -64,7 +65,7 @@ def test_routers_get_each_users_rules_and_a_rule_change_is_a_new_generation() ->
     assert routing.update(routes={}, held_back={}, routers=ROUTERS, now_ms=100, users=rendered)
     del alice.spec.authorization[0]
     assert routing.update(
-        routes={}, held_back={}, routers=ROUTERS, now_ms=200, users=router_users([alice])
+        routes={}, held_back={}, routers=ROUTERS, now_ms=200, users=endpoint_users([alice])
     ), "a rule taken away reaches the routers as a new generation"
     assert list(routing.config("r1").users[0].authorization) == [
         router_pb2.RouterRule(addresses=["*"], operations=["view"])
@@ -77,11 +78,11 @@ def test_routers_get_each_users_scram_keys() -> None:
         mechanism="SCRAM-SHA-256", salt=b"s", iterations=4096, stored_key=b"k", server_key=b"v"
     )
     alice.spec.scram_credentials.append(key)
-    (rendered,) = router_users([alice])
+    (rendered,) = endpoint_users([alice])
     assert list(rendered.scram_credentials) == [key]
     routing = SpaceRouting(space="shop")
     assert routing.update(routes={}, held_back={}, routers=ROUTERS, now_ms=100, users=[rendered])
-    new_keys = router_users([user("alice", "scrypt$a")])  # e.g. keys derived again: new salt
+    new_keys = endpoint_users([user("alice", "scrypt$a")])  # e.g. keys derived again: new salt
     assert routing.update(routes={}, held_back={}, routers=ROUTERS, now_ms=200, users=new_keys)
 
 

@@ -1,13 +1,16 @@
 """Router workloads: rendered to the GitOps output, read back, started as the runtime would.
 
-Pure: rendering is deterministic, read back gives what was rendered, ports stay across
-re-renders, and only the agent's own files are touched; the mesh secret is a mounted Secret in a
-cluster and a 0600 file written once locally. With real parts: the agent renders a new space's
-router, the test starts it exactly as `enmasse up` would (`local_router_command`), the agent finds
-it by its ports file, configures it, an address becomes Active, an anonymous client is refused
-(the plan allows none), a MessagingUser created in the store logs in with SCRAM and carries a
-message while a wrong password is refused; deleting the space removes the router's workload file
-and nothing else.
+Pure: rendering is deterministic, read back gives what was rendered (the router's amqps
+Certificate, its mount and flags included), ports stay across re-renders (a router rendered
+before routers had an amqps port gets one, its other ports kept), and only the agent's own files
+are touched; the mesh secret is a mounted Secret in a cluster and a 0600 file written once
+locally. With real parts: the agent renders a new space's router, the test starts it exactly as
+`enmasse up` would (`local_router_command`, with an amqps certificate naming it), the agent finds
+it by its ports file, configures it, an address becomes Active and the space's status shows both
+endpoints, amqp and amqps, an anonymous client is refused (the plan allows none), a
+MessagingUser created in the store logs in with SCRAM and carries a message, on amqp and on
+amqps (verifying the router's name), while a wrong password is refused; deleting the space
+removes the router's workload file and nothing else.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import pytest
 import yaml
 from enmasse.amqp import codec, sasl
 from enmasse.amqp.client import AmqpError, Client
-from enmasse.amqp.engine import Condition
+from enmasse.amqp.engine import Condition, Tls
 from enmasse.resources.discovery import LocalDirectory
 from enmasse.resources.rendered_routers import (
     LocalRouterPorts,
@@ -36,13 +39,17 @@ from enmasse.resources.rendered_routers import (
     read_router,
 )
 from enmasse.router_agent.agent import RouterAgent
-from enmasse.router_agent.workloads import RouterWorkloads, render_router
+from enmasse.router_agent.workloads import RouterWorkloads, kept_ports, render_router
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
+
+from tests.fixtures.certificates import issue
 
 pytestmark = pytest.mark.timeout(120)
 Ref = config_pb2.ObjectRef
 WORKLOAD = RouterWorkload(
-    space="shop", router_id="router-0", ports=LocalRouterPorts(amqp=1, inter_router=2, admin=3)
+    space="shop",
+    router_id="router-0",
+    ports=LocalRouterPorts(amqp=1, inter_router=2, admin=3, amqps=4),
 )
 
 
@@ -50,29 +57,48 @@ def test_rendering_is_deterministic_and_reads_back() -> None:
     text = render_router(WORKLOAD)
     assert text == render_router(WORKLOAD)
     assert read_router(text) == WORKLOAD
-    service, stateful_set = list(yaml.safe_load_all(text))
-    assert (service["kind"], stateful_set["kind"]) == ("Service", "StatefulSet")
+    service, certificate, stateful_set = list(yaml.safe_load_all(text))
+    assert [d["kind"] for d in (service, certificate, stateful_set)] == [
+        "Service",
+        "Certificate",
+        "StatefulSet",
+    ]
     assert stateful_set["metadata"]["labels"]["app.kubernetes.io/component"] == "router"
     assert stateful_set["metadata"]["annotations"] == {
         "enmasse.io/local-amqp-port": "1",
         "enmasse.io/local-inter-router-port": "2",
         "enmasse.io/local-admin-port": "3",
+        "enmasse.io/local-amqps-port": "4",
     }
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]}["amqps"] == 5671
+    assert certificate["spec"]["secretName"] == "shop-router-0-amqps-tls"
+    assert certificate["spec"]["dnsNames"][:2] == ["shop-router-0", "shop-router-0.enmasse"]
+    assert certificate["spec"]["subject"] == {"organizationalUnits": ["endpoint"]}
+    assert "client auth" not in certificate["spec"]["usages"]
     pod = stateful_set["spec"]["template"]["spec"]
     assert pod["containers"][0]["args"][0] == "--router-id=router-0"
-    assert pod["containers"][0]["args"][-2:] == [
+    assert pod["containers"][0]["args"][-5:] == [
         "--client-auth=required",
         "--mesh-secret-file=/etc/enmasse/mesh/secret",
+        "--tls-cert=/etc/enmasse/tls/tls.crt",
+        "--tls-key=/etc/enmasse/tls/tls.key",
+        "--amqps-port=5671",
     ]
+    assert {"name": "amqps", "containerPort": 5671} in pod["containers"][0]["ports"]
     assert pod["volumes"] == [
         {"name": "mesh-secret", "secret": {"secretName": "shop-router-mesh", "defaultMode": 0o440}},
         {"name": "grpc-tls", "secret": {"secretName": "enmasse-router-tls", "defaultMode": 0o440}},
         {"name": "grpc-probe", "configMap": {"name": "enmasse-grpc-probe"}},
+        {
+            "name": "amqps-tls",
+            "secret": {"secretName": "shop-router-0-amqps-tls", "defaultMode": 0o440},
+        },
     ]
     assert pod["containers"][0]["volumeMounts"] == [
         {"name": "mesh-secret", "mountPath": "/etc/enmasse/mesh", "readOnly": True},
         {"name": "grpc-tls", "mountPath": "/etc/enmasse/grpc-tls", "readOnly": True},
         {"name": "grpc-probe", "mountPath": "/etc/enmasse/probe", "readOnly": True},
+        {"name": "amqps-tls", "mountPath": "/etc/enmasse/tls", "readOnly": True},
     ]
     assert pod["containers"][0]["env"] == [
         {"name": "ENMASSE_TLS_DIR", "value": "/etc/enmasse/grpc-tls"}
@@ -92,6 +118,14 @@ def test_the_local_mesh_secret_is_written_once_and_private(tmp_path: Path) -> No
     command = local_router_command(WORKLOAD, var_dir=tmp_path)
     assert f"--mesh-secret-file={path}" in command
     assert "--client-auth=required" in command
+
+
+def test_a_router_rendered_without_an_amqps_port_gets_one_and_keeps_the_others() -> None:
+    before = LocalRouterPorts(amqp=1, inter_router=2, admin=3)
+    picks = iter([2, 3, 9])  # a port taken already is not handed out twice
+    assert kept_ports(before, port=lambda: next(picks)) == LocalRouterPorts(1, 2, 3, amqps=9)
+    assert kept_ports(WORKLOAD.ports) == WORKLOAD.ports
+    assert read_router(render_router(RouterWorkload("shop", "router-0", before))) is not None
 
 
 def test_the_output_keeps_ports_and_touches_only_its_own_files(tmp_path: Path) -> None:
@@ -148,12 +182,11 @@ async def test_a_rendered_router_started_like_the_runtime_carries_messages(
         workload = await _eventually(lambda: output.read_space("shop").get("router-0"))
         local_router_dir(workload, var_dir=var).mkdir(parents=True)  # the runtime's part
         ensure_local_mesh_secret(space="shop", var_dir=var)
+        # Its amqps certificate, naming it ("localhost" too, as `enmasse up` issues it).
+        endpoint = issue(tmp_path / "tls", ca="ca", name="localhost", role="endpoint")
+        command = local_router_command(workload, var_dir=var, endpoint_tls=endpoint)
         with open(tmp_path / "router-0.log", "ab") as log:  # noqa: ASYNC230
-            started.append(
-                subprocess.Popen(  # noqa: ASYNC220
-                    local_router_command(workload, var_dir=var), stdout=log, stderr=log
-                )
-            )
+            started.append(subprocess.Popen(command, stdout=log, stderr=log))  # noqa: ASYNC220
         await config_stub.CreateAddress(
             resources_pb2.Address(
                 metadata=resources_pb2.Metadata(name="calls", space="shop"),
@@ -174,7 +207,10 @@ async def test_a_rendered_router_started_like_the_runtime_carries_messages(
         await _eventually_async(active)
         # Written before the address's status, but a conflicting write is retried a pass later.
         await _eventually_async(endpoints)
-        assert await endpoints() == [("amqp", workload.ports.amqp)]
+        assert await endpoints() == [
+            ("amqp", workload.ports.amqp),
+            ("amqps", workload.ports.amqps),
+        ]
         # Rendered routers run `--client-auth required`: standard-small lets no one in anonymously.
         with pytest.raises(AmqpError) as anonymous:
             await asyncio.to_thread(_one_message, workload.ports.amqp)
@@ -196,6 +232,10 @@ async def test_a_rendered_router_started_like_the_runtime_carries_messages(
         login = {"user": "alice", "password": "wonderland"}
         body = await _eventually(lambda: _logged_in_message(workload.ports.amqp, login))
         assert body == "through the rendered router"
+        assert workload.ports.amqps is not None
+        secure = {**login, "tls": Tls(ca_file=str(endpoint.ca), verify_hostname=True)}
+        body = await asyncio.to_thread(_one_message, workload.ports.amqps, secure)
+        assert body == "through the rendered router"
         with pytest.raises(AmqpError) as refused:
             await asyncio.to_thread(
                 _one_message, workload.ports.amqp, {"user": "alice", "password": "wonder"}
@@ -210,7 +250,7 @@ async def test_a_rendered_router_started_like_the_runtime_carries_messages(
         await agent.stop()
 
 
-def _logged_in_message(port: int, login: dict[str, str]) -> str | None:
+def _logged_in_message(port: int, login: dict[str, Any]) -> str | None:
     """The message, once the agent has pushed the user to the router; None before."""
     try:
         return _one_message(port, login)
@@ -218,9 +258,10 @@ def _logged_in_message(port: int, login: dict[str, str]) -> str | None:
         return None
 
 
-def _one_message(port: int, login: dict[str, str] | None = None) -> str:
+def _one_message(port: int, login: dict[str, Any] | None = None) -> str:
     mechanisms = sasl.CLIENT_MECHANISMS if login else None  # SCRAM: the keys config derived
-    with Client("127.0.0.1", port, mechanisms=mechanisms, **(login or {})) as client:
+    options = {"hostname": "localhost", **(login or {})}  # the name its certificate carries
+    with Client("127.0.0.1", port, mechanisms=mechanisms, **options) as client:
         receiver = client.receiver("calls")
         sender = client.sender("calls")
         outcome = sender.send_async(codec.encode_message("through the rendered router"))

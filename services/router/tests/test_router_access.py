@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from enmasse.amqp.logins import UserLogins
 from enmasse.common.passwords import hash_password
-from enmasse.router.access import MeshSecret, MeshSecretError, UserLogins, world_readable
+from enmasse.router.access import MeshSecret, MeshSecretError, world_readable
 from enmasse.router.config import ConfigError, RouterConfig, config_from_proto, config_to_proto
 from enmasse.router.main import main
 from enmasse.v1 import router_pb2

@@ -1,21 +1,32 @@
 """RouterAdmin over real gRPC and the router's limits against bad or greedy clients: the generation
-rule, precise refusals that change nothing, listings, closing a connection, connection / link /
-message-size limits, garbage bytes and a half-open socket that never disturb a neighbour."""
+rule, precise refusals that change nothing, listings, closing a connection, connection / session /
+link / message-size limits, garbage bytes and a half-open socket that never disturb a neighbour."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import socket
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 from enmasse.amqp import codec
-from enmasse.amqp.client import AmqpError, BulkResult, Client, run_receiver, run_sender
+from enmasse.amqp.client import (
+    AmqpError,
+    BulkResult,
+    Client,
+    Receiver,
+    run_receiver,
+    run_sender,
+)
 from enmasse.amqp.engine import Condition, Outcome
 from enmasse.v1 import router_pb2
 from google.protobuf import json_format
+from proton import Delivery, Endpoint, Message
+from proton.utils import BlockingConnection, BlockingSender
 
 from tests.fixtures.router import RouterFleet, RouterProcess
 
@@ -180,6 +191,89 @@ def test_connection_link_and_message_size_limits(
     _connect(router, clients)
     over = Condition("amqp:resource-limit-exceeded", "too many connections: this router allows 2")
     assert _refusal(router.amqp_port, clients) == over
+
+
+def _session_sender(conn: BlockingConnection, address: str) -> BlockingSender:
+    """A sender on a session of its own (proton's BlockingConnection puts every link on one)."""
+    session = conn.conn.session()
+    session.open()
+    link = session.sender(f"{address}-{uuid.uuid4().hex[:8]}")
+    link.target.address = address
+    link.open()
+    return BlockingSender(conn, link)
+
+
+def test_a_session_beyond_the_limit_is_ended_while_the_earlier_ones_keep_working(
+    routers: RouterFleet, clients: list[Client]
+) -> None:
+    router = routers.start("r1")
+    limits = router_pb2.RouterLimits(max_sessions_per_connection=3)
+    router.apply(routers.mesh_config(generation=1, addresses={"work": "anycast"}, limits=limits))
+    receiver = _connect(router, clients).receiver("work", credit=20)
+    conn = BlockingConnection(f"127.0.0.1:{router.amqp_port}", timeout=10)
+    try:
+        senders = [_session_sender(conn, "work") for _ in range(3)]
+        fourth = conn.conn.session()
+        fourth.open()
+        pipelined = fourth.sender("pipelined")  # attached before the router's answer comes
+        pipelined.target.address = "work"
+        pipelined.open()
+        conn.wait(lambda: bool(fourth.state & Endpoint.REMOTE_CLOSED), msg="the fourth session")
+        ended = fourth.remote_condition
+        assert Condition(ended.name, ended.description) == Condition(
+            "amqp:resource-limit-exceeded",
+            "too many sessions: this connection holds 3, the space's limit is 3",
+        )
+        fourth.close()
+        bodies = [f"from session {n}" for n in range(3)]
+        assert sorted(_exchange(conn, senders, bodies, receiver)) == bodies
+        assert pipelined.state & Endpoint.REMOTE_UNINIT, "no answer to an attach on it"
+        record = next(
+            c
+            for c in router.admin()
+            .ListConnections(router_pb2.ListConnectionsRequest(), timeout=10)
+            .connections
+            if c.container_id == conn.container.container_id
+        )
+        links = router.admin().ListLinks(
+            router_pb2.ListLinksRequest(connection_id=record.id), timeout=10
+        )
+        assert len(links.links) == 3, "the router holds only the links of the sessions it took"
+
+        # A session the client ends makes room for another.
+        first = senders[0].link.session
+        first.close()
+        conn.wait(lambda: bool(first.state & Endpoint.REMOTE_CLOSED), msg="the first session")
+        again = _session_sender(conn, "work")
+        assert _exchange(conn, [again], ["from a new session"], receiver) == ["from a new session"]
+    finally:
+        conn.close()
+
+
+def _exchange(
+    conn: BlockingConnection, senders: list[BlockingSender], bodies: list[str], receiver: Receiver
+) -> list[object]:
+    """Each sender sends its body; what `receiver` got, each accepted (in a thread of its own,
+    while proton's connection turns here) once every sender has its ACCEPTED outcome."""
+
+    def consume() -> list[object]:
+        got = []
+        for _ in bodies:
+            delivery = receiver.receive(10)
+            got.append(codec.read_body(delivery.payload))
+            receiver.accept(delivery)
+        return got
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        consumed = pool.submit(consume)
+        sent = [s.link.send(Message(body=b)) for s, b in zip(senders, bodies, strict=True)]
+        conn.wait(
+            lambda: all(d.settled for d in sent) or bool(consumed.done() and consumed.exception()),
+            msg="the outcomes",
+        )
+        got = consumed.result(10)
+    assert [d.remote_state for d in sent] == [Delivery.ACCEPTED] * len(bodies)
+    return got
 
 
 def _refusal(port: int, opened: list[Client]) -> Condition | None:

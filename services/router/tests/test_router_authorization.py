@@ -4,8 +4,9 @@ at the link with amqp:unauthorized-access naming user, operation and address; th
 stays up), an anonymous relay sender is checked per message, a dynamic reply address is
 received from only on the connection that made it, and a rule change closes the live links that
 lost their right. Anonymous clients keep full access (their policy is another item's). A user's
-connections are limited per router (amqp:resource-limit-exceeded). The configuration side (bad
-rules refused by name, GetConfig showing rules but no hashes) is pure."""
+connections are limited per router (amqp:resource-limit-exceeded). Browsing a queue (through a
+real broker) needs `view` or `recv`. The configuration side (bad rules refused by name,
+GetConfig showing rules but no hashes) is pure."""
 
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ from enmasse.amqp import codec
 from enmasse.amqp.client import AmqpError, Client, Receiver
 from enmasse.amqp.engine import Condition, Delivery, Outcome, Terminus
 from enmasse.common.passwords import hash_password
+from enmasse.resources.permissions import Permissions, logged_in_as
 from enmasse.router.config import ConfigError, config_from_proto, config_to_proto
-from enmasse.router.permissions import Permissions, logged_in_as
 from enmasse.v1 import router_pb2
 
+from tests.fixtures.broker import BrokerFactory
 from tests.fixtures.router import RouterFleet, RouterProcess
 
 ADDRESSES = (
@@ -351,3 +353,51 @@ def test_who_a_connection_is() -> None:
     nobody = Permissions(user="gone")
     assert not nobody.may("send", "pq")
     assert not nobody.sends_everywhere
+
+
+def test_browsing_a_queue_needs_view_or_recv(
+    routers: RouterFleet, broker_factory: BrokerFactory, amqp_client: Callable[..., Client]
+) -> None:
+    """A receiver that browses (source distribution-mode `copy`) a queue through the router needs
+    `view` or `recv`; a `view` rule grants browsing only, and only a queue is browsed (a `copy`
+    consumer of an anycast address would take its messages)."""
+    broker = broker_factory()
+    broker.ensure_queue("pq")
+    router = routers.start("r2", extra_args=("--client-auth=optional",))
+    config = _config(1, {"viewer": {"view": ["pq", "events"]}, "sender": SEND_PQ})
+    del config.addresses[:]
+    config.addresses.extend(
+        [
+            router_pb2.AddressRoute(
+                address="pq",
+                type="queue",
+                brokers=[
+                    router_pb2.BrokerWaypoint(name="b1", host="127.0.0.1", port=broker.amqp_port)
+                ],
+            ),
+            router_pb2.AddressRoute(address="events", type="anycast"),
+        ]
+    )
+    router.apply(config)
+    anonymous = amqp_client(router.amqp_port)
+    viewer = amqp_client(router.amqp_port, user="viewer", password=PASSWORD)
+    sender = amqp_client(router.amqp_port, user="sender", password=PASSWORD)
+    assert anonymous.sender("pq").send(codec.encode_message("look")).outcome is Outcome.ACCEPTED
+
+    looking = viewer.receiver("pq", source=Terminus(address="pq", distribution_mode="copy"))
+    assert codec.read_body(looking.receive(10).payload) == "look"
+    assert _refused(lambda: viewer.receiver("pq")) == unauthorized(
+        "user 'viewer' may not recv from 'pq'"
+    )
+    events = Terminus(address="events", distribution_mode="copy")
+    assert _refused(lambda: viewer.receiver("events", source=events)) == unauthorized(
+        "user 'viewer' may not recv from 'events': only a queue is browsed"
+    )
+    browse = Terminus(address="pq", distribution_mode="copy")
+    assert _refused(lambda: sender.receiver("pq", source=browse)) == unauthorized(
+        "user 'sender' may not view 'pq'"
+    )
+    taken = anonymous.receiver("pq", credit=1)  # browsed, not taken: still there
+    delivery = taken.receive(10)
+    assert codec.read_body(delivery.payload) == "look"
+    taken.accept(delivery)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from enmasse.resources.contracts import DRAINING
+from enmasse.resources.discovery import BrokerEndpoint
 from enmasse.resources.rendered_brokers import Broker, BrokerWorkload, LocalPorts
 from enmasse.storage_controller.placement import Placement
 from enmasse.storage_controller.statuses import address_status, recorded_placement, space_status
@@ -166,23 +169,29 @@ def test_a_brokered_address_is_active_once_its_broker_holds_it() -> None:
     assert summary(standard)[0] == "Configuring"
 
 
-def test_a_brokered_space_publishes_its_brokers_endpoint_once_it_answers() -> None:
-    no_broker = space_status(space=brokered_space(), placement=Placement("jms"), amqp=None)
+def test_a_brokered_space_publishes_its_brokers_endpoints_once_it_answers() -> None:
+    no_broker = space_status(space=brokered_space(), placement=Placement("jms"), broker=None)
     assert (no_broker.status.phase, list(no_broker.status.messages)) == (
         "Configuring",
         ["no broker yet: the first address starts it"],
     )
-    waiting = space_status(space=brokered_space(), placement=BROKERED, amqp=None)
+    waiting = space_status(space=brokered_space(), placement=BROKERED, broker=None)
     assert (waiting.status.phase, list(waiting.status.messages), list(waiting.endpoints)) == (
         "Configuring",
         ["waiting for broker: jms-broker-0"],
         [],
     )
-    active = space_status(space=brokered_space(), placement=BROKERED, amqp=("127.0.0.1", 5999))
+    answering = BrokerEndpoint("jms-broker-0", "127.0.0.1", amqp_port=5999, admin_port=5998)
+    active = space_status(space=brokered_space(), placement=BROKERED, broker=answering)
     assert active.status.phase == "Active"
     assert list(active.status.messages) == ["broker ready: jms-broker-0"]
     assert active.status.observed_generation == 2
     assert [(e.name, e.host, e.port) for e in active.endpoints] == [("amqp", "127.0.0.1", 5999)]
+    # A broker with its amqps listener: the space's clients get both.
+    secure = space_status(
+        space=brokered_space(), placement=BROKERED, broker=replace(answering, amqps_port=5997)
+    )
+    assert [(e.name, e.port) for e in secure.endpoints] == [("amqp", 5999), ("amqps", 5997)]
 
 
 def test_a_status_the_router_agent_lowered_is_left_with_its_reason() -> None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import yaml
+from enmasse.common.certificates import TlsFiles
 from enmasse.resources.contracts import DRAINING
 from enmasse.resources.discovery import BrokerEndpoint, LocalDirectory
 from enmasse.resources.rendered_brokers import (
@@ -43,6 +45,7 @@ def test_a_broker_is_a_service_and_a_stateful_set_with_a_journal_claim() -> None
         "enmasse.io/broker-kind": "dedicated",
         "enmasse.io/owner": "orders",
         "enmasse.io/state": "Active",
+        "enmasse.io/serves": "routers",
         "enmasse.io/local-amqp-port": "41001",
         "enmasse.io/local-admin-port": "41002",
     }
@@ -53,6 +56,7 @@ def test_a_broker_is_a_service_and_a_stateful_set_with_a_journal_claim() -> None
         "--port=5672",
         "--admin-port=5685",
         "--data-dir=/var/lib/enmasse/broker",
+        "--routers-only",  # a standard space's broker: its routers only, over mutual TLS
     ]
     assert container["volumeMounts"] == [
         {"name": "data", "mountPath": "/var/lib/enmasse/broker"},
@@ -137,6 +141,7 @@ def test_the_local_runtime_starts_a_broker_from_its_file(tmp_path: Path) -> None
         "--admin-port=41002",
         f"--data-dir={base / 'data'}",
         f"--ports-file={base / 'ports.json'}",
+        "--routers-only",
     ]
 
 
@@ -154,3 +159,78 @@ def test_the_local_directory_prefers_the_ports_the_broker_wrote(tmp_path: Path) 
     ports_file.parent.mkdir(parents=True)
     ports_file.write_text('{"amqp": 42001, "admin": 42002}')
     assert endpoint(POOLED.id) == BrokerEndpoint(POOLED.id, "127.0.0.1", 42001, 42002)
+
+
+def test_only_a_standard_spaces_broker_is_rendered_for_routers_only(tmp_path: Path) -> None:
+    """A brokered space's broker serves its clients on the AMQP port: no --routers-only, in the
+    cluster's args or in the local command line the file reads back into."""
+    for routers_only in (True, False):
+        text = render_broker(space="shop", broker=POOLED, ports=PORTS, routers_only=routers_only)
+        (container,) = documents(text)["StatefulSet"]["spec"]["template"]["spec"]["containers"]
+        back = read_broker(text)
+        assert back is not None
+        assert back.routers_only is routers_only
+        command = local_broker_command(back, var_dir=tmp_path, executable="enmasse-broker")
+        assert ("--routers-only" in container["args"]) is routers_only
+        assert ("--routers-only" in command) is routers_only
+
+
+def test_a_brokered_spaces_broker_checks_its_clients_logins(tmp_path: Path) -> None:
+    """A brokered space's broker runs --client-auth=required (its clients log in as the space's
+    users), in the cluster's args and in the local command line; a standard space's does not."""
+    for routers_only in (True, False):
+        text = render_broker(space="jms", broker=POOLED, ports=PORTS, routers_only=routers_only)
+        (container,) = documents(text)["StatefulSet"]["spec"]["template"]["spec"]["containers"]
+        back = read_broker(text)
+        assert back is not None
+        command = local_broker_command(back, var_dir=tmp_path, executable="enmasse-broker")
+        assert ("--client-auth=required" in container["args"]) is not routers_only
+        assert ("--client-auth=required" in command) is not routers_only
+
+
+def test_a_brokered_spaces_broker_serves_amqps_with_a_certificate_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """Its clients' endpoint is amqp and amqps: the cluster's pod mounts the Certificate rendered
+    beside it (its own Service names, role `endpoint`) and opens 5671, its Service too; locally
+    the runtime's certificate and the pinned amqps port. A standard space's broker has neither."""
+    clients = render_broker(
+        space="jms", broker=POOLED, ports=replace(PORTS, amqps=41003), routers_only=False
+    )
+    docs = documents(clients)
+    certificate = docs["Certificate"]["spec"]
+    assert certificate["secretName"] == f"{POOLED.id}-amqps-tls"
+    assert certificate["dnsNames"][0] == POOLED.id
+    assert certificate["subject"] == {"organizationalUnits": ["endpoint"]}
+    pod = docs["StatefulSet"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"][-3:] == [
+        "--tls-cert=/etc/enmasse/tls/tls.crt",
+        "--tls-key=/etc/enmasse/tls/tls.key",
+        "--amqps-port=5671",
+    ]
+    mounted = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    secrets = {v["name"]: v.get("secret", {}).get("secretName") for v in pod["volumes"]}
+    assert mounted["amqps-tls"] == "/etc/enmasse/tls"
+    assert secrets["amqps-tls"] == f"{POOLED.id}-amqps-tls"
+    service_ports = docs["Service"]["spec"]["ports"]
+    assert {"name": "amqps", "port": 5671, "targetPort": "amqps"} in service_ports
+    for kind in ("Service", "StatefulSet"):  # the Certificate: tests/test_k8s_manifests.py
+        kubernetes_validate.validate(docs[kind], "1.32.0", strict=True)
+    back = read_broker(clients)
+    assert back is not None
+    assert back.ports.amqps == 41003
+    endpoint = TlsFiles(tmp_path / "endpoint")
+    command = local_broker_command(back, var_dir=tmp_path, executable="b", endpoint_tls=endpoint)
+    assert command[-3:] == [
+        f"--tls-cert={endpoint.cert}",
+        f"--tls-key={endpoint.key}",
+        "--amqps-port=41003",
+    ]
+    routers = render_broker(space="shop", broker=POOLED, ports=PORTS)
+    assert "Certificate" not in documents(routers)
+    assert "amqps" not in routers
+    back = read_broker(routers)
+    assert back is not None
+    command = local_broker_command(back, var_dir=tmp_path, executable="b", endpoint_tls=endpoint)
+    assert not any(word.startswith("--tls-cert") for word in command)

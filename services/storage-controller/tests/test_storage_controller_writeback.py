@@ -62,12 +62,30 @@ async def until_remote(bare: Path, check, what: str) -> tuple[list[str], list[st
     raise AssertionError(f"not within {WAIT} s: {what}; remote has {state}")
 
 
-def space(name: str) -> resources_pb2.AddressSpace:
+def space(name: str, *, plan: str = "standard-small") -> resources_pb2.AddressSpace:
     found = resources_pb2.AddressSpace()
     found.metadata.name = name
     found.spec.type = "standard"
-    found.spec.plan = "standard-small"
+    found.spec.plan = plan
     return found
+
+
+async def solo_plans(stub: config_pb2_grpc.ConfigServiceStub) -> None:
+    """A space plan `solo` whose one queue plan takes a broker of its own and names no
+    dead-letter address: such a queue is all its space has (no DLQ beside it)."""
+    await stub.CreateAddressPlan(
+        resources_pb2.AddressPlan(
+            metadata={"name": "solo-queue"}, spec={"address_type": "queue", "broker": 1}
+        ),
+        timeout=5,
+    )
+    await stub.CreateAddressSpacePlan(
+        resources_pb2.AddressSpacePlan(
+            metadata={"name": "solo"},
+            spec={"address_space_type": "standard", "address_plans": ["solo-queue"]},
+        ),
+        timeout=5,
+    )
 
 
 def queue(name: str, *, space_name: str, plan: str) -> resources_pb2.Address:
@@ -102,9 +120,10 @@ async def test_a_new_broker_is_committed_and_its_removal_too(
     writeback = asyncio.create_task(repository.run())
     controller.start()
     try:
-        await config_stub.CreateAddressSpace(space("shop"), timeout=5)
+        await solo_plans(config_stub)
+        await config_stub.CreateAddressSpace(space("shop", plan="solo"), timeout=5)
         await config_stub.CreateAddress(
-            queue("orders", space_name="shop", plan="standard-large-queue"), timeout=5
+            queue("orders", space_name="shop", plan="solo-queue"), timeout=5
         )
         files, subjects = await until_remote(
             bare, lambda files, _s: any(f.startswith("workloads/shop/") for f in files), "a broker"
@@ -112,9 +131,7 @@ async def test_a_new_broker_is_committed_and_its_removal_too(
         broker_files = [f for f in files if f.startswith("workloads/shop/")]
         assert len(broker_files) == 1
         broker_id = Path(broker_files[0]).stem
-        assert subjects[0] == (
-            f"add broker {broker_id} for address shop/orders (plan standard-large-queue)"
-        )
+        assert subjects[0] == (f"add broker {broker_id} for address shop/orders (plan solo-queue)")
 
         await config_stub.DeleteAddress(
             config_pb2.DeleteRequest(ref=config_pb2.ObjectRef(space="shop", name="orders")),

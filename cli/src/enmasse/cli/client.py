@@ -8,9 +8,16 @@ Who: `--token`, else $ENMASSE_TOKEN, else the admin token `enmasse up` wrote to
 <var>/run/admin-token (`resolve_token`), sent as `authorization: Bearer <token>` on every call;
 none at all when there is none (a config service run without --auth takes calls without one).
 
-Transport: mutual TLS with the admin client certificate `enmasse up` made
-(<var>/tls/admin, a `control-plane` certificate) when the var dir holds one, else plaintext
-(`admin_tls` decides, `open_channel` opens; every gRPC client of the CLI goes through both).
+Transport: TLS verifying the config service against a CA file, presenting no certificate: the
+token is the credential, so a tenant with a token and the CA's certificate connects as the admin
+does. The CA file is `--ca-file`, else $ENMASSE_CA_FILE, else <var>/tls/ca.crt, which `enmasse up`
+publishes (`resolve_ca_file`); with none the channel is plaintext (a config run by hand without
+--tls-dir). `open_channel` opens it.
+
+The machine operator's certificate, <var>/tls/operator (role `operator`, key mode 0600), is not
+for config at all: it is what `up`'s readiness wait and `status` show RouterAdmin, BrokerAdmin
+and the router-agent, which know callers by certificate alone and let this one read, never
+change (`operator_tls`, `open_operator_channel`).
 
 How: a blocking gRPC channel per command (a CLI does one thing and exits), a deadline on every
 unary call (`--timeout`, default 10 s), and Watch as a stream that resumes from the last revision it
@@ -33,14 +40,15 @@ from typing import Any
 
 import click
 import grpc
-from enmasse.common.certificates import TlsFiles
-from enmasse.common.credentials import bearer_metadata, channel_credentials
+from enmasse.common.certificates import CA_FILE, TlsFiles
+from enmasse.common.credentials import bearer_metadata, channel_credentials, verifying_credentials
 from enmasse.resources.kinds import Key, Kind, key_of, resource_of
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
 DEFAULT_SERVER = "127.0.0.1:5680"
 DEFAULT_TIMEOUT = 10.0
 TOKEN_ENV = "ENMASSE_TOKEN"
+CA_FILE_ENV = "ENMASSE_CA_FILE"
 
 
 _RECONNECT_FAST = [
@@ -88,21 +96,57 @@ def tls_root(var_dir: Path) -> Path:
     return var_dir / "tls"
 
 
-ADMIN_HOLDER = "admin"
-"""The CLI's own certificate: a control-plane client (so `status` may ask RouterAdmin)."""
+def trusted_ca_file(var_dir: Path) -> Path:
+    """The CA certificate `enmasse up` publishes for clients: the one that signed the config
+    service's certificate and every client endpoint's (amqps). Nothing secret."""
+    return tls_root(var_dir) / CA_FILE
 
 
-def admin_tls(var_dir: Path) -> TlsFiles | None:
-    """The CLI's client certificate when `enmasse up` made one in `var_dir`, else None: the one
-    place that decides whether the CLI's gRPC calls speak TLS."""
-    files = TlsFiles(tls_root(var_dir) / ADMIN_HOLDER)
+def resolve_ca_file(*, option: str | None, var_dir: Path) -> Path | None:
+    """The CA to verify the config service (and amqps endpoints) against: --ca-file, else
+    $ENMASSE_CA_FILE, else `trusted_ca_file` when `enmasse up` made it; None: plaintext."""
+    if option:
+        return Path(option)
+    if env := os.environ.get(CA_FILE_ENV):
+        return Path(env)
+    return local_ca_file(var_dir)
+
+
+def local_ca_file(var_dir: Path) -> Path | None:
+    """`trusted_ca_file` once `enmasse up` made it in `var_dir`, else None."""
+    published = trusted_ca_file(var_dir)
+    return published if published.is_file() else None
+
+
+OPERATOR_HOLDER = "operator"
+"""The machine operator's certificate: RouterAdmin and BrokerAdmin let it read, never change."""
+
+
+def operator_tls(var_dir: Path) -> TlsFiles | None:
+    """The operator's certificate when `enmasse up` made one in `var_dir`, else None."""
+    files = TlsFiles(tls_root(var_dir) / OPERATOR_HOLDER)
     return files if files.exist() else None
 
 
 def open_channel(
+    target: str, *, ca_file: Path | None, options: Sequence[tuple[str, Any]] = ()
+) -> grpc.Channel:
+    """A blocking channel to the config service: TLS verifying it against `ca_file` and
+    presenting no certificate (the calls' token says who calls); plaintext without a CA file."""
+    if ca_file is None:
+        return grpc.insecure_channel(target, options=list(options))
+    try:
+        credentials = verifying_credentials(ca_file)
+    except OSError as error:
+        raise CliError(f"cannot read the CA file {ca_file}: {error.strerror or error}") from None
+    return grpc.secure_channel(target, credentials, options=list(options))
+
+
+def open_operator_channel(
     target: str, *, tls: TlsFiles | None, options: Sequence[tuple[str, Any]] = ()
 ) -> grpc.Channel:
-    """A blocking channel: mutual TLS presenting `tls`'s certificate, plaintext without."""
+    """A blocking channel to RouterAdmin, BrokerAdmin or the router-agent: mutual TLS with the
+    operator's certificate, plaintext without."""
     if tls is None:
         return grpc.insecure_channel(target, options=list(options))
     return grpc.secure_channel(target, channel_credentials(tls), options=list(options))
@@ -210,7 +254,7 @@ class ConfigClient:
         server: str,
         timeout: float = DEFAULT_TIMEOUT,
         token: str = "",
-        tls: TlsFiles | None = None,
+        ca_file: Path | None = None,
         wait_for_ready: bool = False,
     ) -> None:
         self.server = server
@@ -221,7 +265,7 @@ class ConfigClient:
         self._metadata = bearer_metadata(token)
         # A restarted config service must be found again within a second: gRPC's default
         # reconnect back-off grows to minutes, longer than `watch` waits for it.
-        self._channel = open_channel(server, tls=tls, options=_RECONNECT_FAST)
+        self._channel = open_channel(server, ca_file=ca_file, options=_RECONNECT_FAST)
         self._stub = config_pb2_grpc.ConfigServiceStub(self._channel)
 
     def close(self) -> None:

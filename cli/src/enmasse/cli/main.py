@@ -15,8 +15,9 @@
 
 Global options: `--server host:port` (else $ENMASSE_SERVER, else <var>/run/config.addr written by
 `up`, else 127.0.0.1:5680), `--token` (else $ENMASSE_TOKEN, else <var>/run/admin-token written by
-`up`), `--var-dir` (else $ENMASSE_VAR, else ./var), `--timeout` (the deadline of every call,
-seconds), `-v` (debug logs on stderr).
+`up`), `--ca-file` (the CA the config service's certificate chains to: else $ENMASSE_CA_FILE,
+else <var>/tls/ca.crt written by `up`; none: plaintext), `--var-dir` (else $ENMASSE_VAR, else
+./var), `--timeout` (the deadline of every call, seconds), `-v` (debug logs on stderr).
 
 Every failure the user can cause or meet (server down, bad file, refused manifest, stale update)
 ends as `error: <message>` on stderr with exit code 1, never a traceback.
@@ -45,7 +46,8 @@ from enmasse.cli.client import (
     CliError,
     ConfigClient,
     Unreachable,
-    admin_tls,
+    operator_tls,
+    resolve_ca_file,
     resolve_server,
     resolve_token,
 )
@@ -54,7 +56,6 @@ from enmasse.cli.local import readiness, stack
 from enmasse.cli.local import runtime as local_runtime
 from enmasse.cli.local.var_dir import VarDir
 from enmasse.cli.render import make_console, print_resources, print_table
-from enmasse.common.certificates import TlsFiles
 from enmasse.common.logging import configure_logging
 from enmasse.resources.contracts import STANDARD
 from enmasse.resources.kinds import KINDS, Kind, key_of, kind_of, object_of
@@ -72,6 +73,7 @@ class Settings:
     timeout: float
     token_option: str | None = None
     patient: bool = False  # calls wait for a config service that is still starting (`up`)
+    ca_file_option: str | None = None
 
     @property
     def server(self) -> str:
@@ -89,14 +91,15 @@ class Settings:
             server=self.server,
             timeout=self.timeout,
             token=self._token(service),
-            tls=self.tls,
+            ca_file=self.ca_file,
             wait_for_ready=self.patient,
         )
 
     @property
-    def tls(self) -> TlsFiles | None:
-        """The admin client certificate `enmasse up` made in the var dir (None: plaintext)."""
-        return admin_tls(self.var.root)
+    def ca_file(self) -> Path | None:
+        """The CA the config service (and an amqps endpoint) is verified against; None:
+        plaintext."""
+        return resolve_ca_file(option=self.ca_file_option, var_dir=self.var.root)
 
     def _token(self, service: str) -> str:
         if service and not self.token_option and not os.environ.get(TOKEN_ENV):
@@ -112,6 +115,7 @@ pass_settings = click.make_pass_decorator(Settings)
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--server", metavar="HOST:PORT", help="config service address (order: see above)")
 @click.option("--token", metavar="TOKEN", help="access token (order: see above)")
+@click.option("--ca-file", metavar="FILE", help="CA certificate of the config service (see above)")
 @click.option("--var-dir", metavar="DIR", help="state of `enmasse up` ($ENMASSE_VAR, else ./var)")
 @click.option(
     "--timeout",
@@ -126,6 +130,7 @@ def cli(
     ctx: click.Context,
     server: str | None,
     token: str | None,
+    ca_file: str | None,
     var_dir: str | None,
     timeout: float,
     verbose: bool,
@@ -137,10 +142,16 @@ def cli(
     else the address `enmasse up` wrote to <var-dir>/run/config.addr,
     else 127.0.0.1:5680. Calls carry --token TOKEN, else $ENMASSE_TOKEN,
     else the admin token `enmasse up` wrote to <var-dir>/run/admin-token.
+    They go over TLS verified against --ca-file FILE, else $ENMASSE_CA_FILE,
+    else <var-dir>/tls/ca.crt (written by `enmasse up`), else plaintext.
     """
     configure_logging(service="cli", renderer="console", level="DEBUG" if verbose else "WARNING")
     ctx.obj = Settings(
-        server_option=server, var=VarDir.choose(var_dir), timeout=timeout, token_option=token
+        server_option=server,
+        var=VarDir.choose(var_dir),
+        timeout=timeout,
+        token_option=token,
+        ca_file_option=ca_file,
     )
 
 
@@ -282,9 +293,10 @@ def _echo_change(
 @click.option(
     "-o",
     "--output",
-    type=click.Choice(["table", "yaml", "json"]),
+    type=click.Choice(["table", "wide", "yaml", "json"]),
     default="table",
     show_default=True,
+    help="wide: the table with more columns (addresses: who manages them, dead letters)",
 )
 @pass_settings
 def get(settings: Settings, kind: str, name: str | None, space: str, output: str) -> None:
@@ -387,7 +399,7 @@ def _print_spaces_and_addresses(
     console = make_console()
     listed: dict[str, list[resources_pb2.Resource]] = {}
     with ConfigClient(
-        server=server, timeout=settings.timeout, token=settings.token, tls=settings.tls
+        server=server, timeout=settings.timeout, token=settings.token, ca_file=settings.ca_file
     ) as client:
         for name in ("AddressSpace", "Address"):
             info = KINDS[name]
@@ -443,7 +455,7 @@ def _laggards(client: ConfigClient, var: VarDir, *, space: str, settled_ok: bool
     found = client.get(KINDS["AddressSpace"], name=space).address_space
     addresses = [w.address for w in client.list(KINDS["Address"], space=space)]
     routers = (
-        readiness.routers_of(readiness.directory(var.root), space, tls=admin_tls(var.root))
+        readiness.routers_of(readiness.directory(var.root), space, tls=operator_tls(var.root))
         if found.spec.type == STANDARD
         else []
     )
@@ -498,6 +510,7 @@ def up(settings: Settings, demo: bool, examples: str | None) -> None:
         timeout=settings.timeout,
         token_option=settings.token_option,
         patient=True,
+        ca_file_option=settings.ca_file_option,
     )
     if not demo:
         with server_settings.client() as client:
@@ -543,7 +556,10 @@ def _login(user: str | None, password: str | None) -> messaging.Login | None:
 @cli.command()
 @click.argument("address")
 @click.option("-s", "--space", default="demo", show_default=True, help="address space")
-@click.option("--url", metavar="amqp://HOST:PORT", help="router to use (else the space's)")
+@click.option("--url", metavar="amqp[s]://HOST:PORT", help="router to use (else the space's)")
+@click.option(
+    "--ca-file", metavar="FILE", help="amqps: the CA to verify it against [<var>/tls/ca.crt]"
+)
 @click.option("-n", "--count", type=click.IntRange(1, 100_000), default=1, show_default=True)
 @click.option("--body", default="hello", show_default=True, help="message body (text)")
 @click.option("--durable", is_flag=True, help="mark messages durable (stored to disk)")
@@ -569,9 +585,12 @@ def send(
     trace: bool,
     user: str | None,
     password: str | None,
+    ca_file: str | None,
 ) -> None:
     """Send COUNT messages to ADDRESS through a router of the space; print their outcome."""
-    endpoint, kind = _messaging_target(settings, space=space, address=address, url=url)
+    endpoint, kind = _messaging_target(
+        settings, space=space, address=address, url=url, ca_file=ca_file
+    )
     outcomes = messaging.send(
         endpoint,
         address=address,
@@ -591,7 +610,10 @@ def send(
 @cli.command()
 @click.argument("address")
 @click.option("-s", "--space", default="demo", show_default=True, help="address space")
-@click.option("--url", metavar="amqp://HOST:PORT", help="router to use (else the space's)")
+@click.option("--url", metavar="amqp[s]://HOST:PORT", help="router to use (else the space's)")
+@click.option(
+    "--ca-file", metavar="FILE", help="amqps: the CA to verify it against [<var>/tls/ca.crt]"
+)
 @click.option("-n", "--count", type=click.IntRange(1, 100_000), default=1, show_default=True)
 @click.option(
     "--timeout", "wait_s", type=float, default=5.0, show_default=True, help="seconds in all"
@@ -613,9 +635,12 @@ def receive(
     trace: bool,
     user: str | None,
     password: str | None,
+    ca_file: str | None,
 ) -> None:
     """Receive up to COUNT messages from ADDRESS (accepting each); print their bodies."""
-    endpoint, _kind = _messaging_target(settings, space=space, address=address, url=url)
+    endpoint, _kind = _messaging_target(
+        settings, space=space, address=address, url=url, ca_file=ca_file
+    )
     bodies = messaging.receive(
         endpoint,
         address=address,
@@ -632,11 +657,11 @@ def receive(
 
 
 def _messaging_target(
-    settings: Settings, *, space: str, address: str, url: str | None
+    settings: Settings, *, space: str, address: str, url: str | None, ca_file: str | None
 ) -> tuple[messaging.Endpoint, str]:
     """The router to talk to and the address's type ("" when unknown: the router decides)."""
     if url:
-        return messaging.parse_url(url), ""
+        return messaging.parse_url(url, ca_file=Path(ca_file) if ca_file else settings.ca_file), ""
     with settings.client() as client:
         endpoint = messaging.space_endpoint(
             client.get(KINDS["AddressSpace"], name=space).address_space
@@ -691,7 +716,7 @@ def _print_routers_and_brokers(
     console: Console, *, var: VarDir, spaces: Sequence[resources_pb2.AddressSpace]
 ) -> None:
     found = readiness.directory(var.root)
-    tls = admin_tls(var.root)
+    tls = operator_tls(var.root)  # the operator's: these ports know callers by certificate
     agent = readiness.agent_view(stack.router_agent_address(var), tls=tls)
     names = [s.metadata.name for s in spaces]
     standard = [s.metadata.name for s in spaces if s.spec.type == STANDARD]

@@ -1,9 +1,11 @@
 """`enmasse send` / `enmasse receive`, and the demo round of `enmasse up --demo`.
 
-In: an address space's router endpoint (its AddressSpace status, or --url), an AMQP address,
-counts, a body. Out: lines for people ("sent 1 message to queue 'orders' (accepted)", the bodies
-received, "queue  orders  sent 1, received 1  ok") and `CliError`s with the router's own words
-when it says no (amqp:not-found for an address that does not exist) or "no message within 5 s".
+In: an address space's router endpoint (its AddressSpace status, or --url: `amqp://` or, over
+TLS, `amqps://`, whose certificate is verified, name included, against --ca-file), an AMQP
+address, counts, a body. Out: lines for people ("sent 1 message to queue 'orders' (accepted)",
+the bodies received, "queue  orders  sent 1, received 1  ok") and `CliError`s with the router's
+own words when it says no (amqp:not-found for an address that does not exist) or "no message
+within 5 s".
 
 Built on the blocking `Client` of enmasse.amqp: one connection per verb, closed at the end.
 Routers let no one in without a user unless the space plan says so, so a verb logs in as a
@@ -25,13 +27,15 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from enmasse.amqp import codec, message_trace, sasl
 from enmasse.amqp.client import AmqpError, Client, Receiver
-from enmasse.amqp.wire import Outcome, Terminus
+from enmasse.amqp.wire import Outcome, Terminus, Tls
 from enmasse.cli.client import CliError
 from enmasse.common import tracing
 from enmasse.resources.contracts import (
+    AMQP,
     ANYCAST,
     MULTICAST,
     PENDING,
@@ -40,6 +44,7 @@ from enmasse.resources.contracts import (
     SUBSCRIPTION,
     TOPIC,
 )
+from enmasse.resources.dead_letters import SPACE_MANAGER
 from enmasse.v1 import resources_pb2
 from opentelemetry import trace
 
@@ -51,18 +56,31 @@ DEMO_ORDER = (QUEUE, TOPIC, SUBSCRIPTION, ANYCAST, MULTICAST)
 class Endpoint:
     host: str
     port: int
+    tls: Tls | None = None  # amqps: the server's certificate verified, its name too
 
     def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
+        return f"amqps://{self.host}:{self.port}" if self.tls else f"{self.host}:{self.port}"
 
 
-def parse_url(url: str) -> Endpoint:
-    """`amqp://host:port`, `host:port`; CliError for anything else."""
-    rest = url.removeprefix("amqp://").rstrip("/")
+AMQPS_SCHEME = "amqps://"
+
+
+def parse_url(url: str, *, ca_file: Path | None = None) -> Endpoint:
+    """`amqp://host:port`, `host:port`, or `amqps://host:port` (TLS, the server verified against
+    `ca_file`, which it then needs); CliError for anything else."""
+    secure = url.startswith(AMQPS_SCHEME)
+    rest = url.removeprefix(AMQPS_SCHEME).removeprefix("amqp://").rstrip("/")
     host, _, port = rest.rpartition(":")
     if not host or not port.isdigit():
-        raise CliError(f"--url {url!r}: expected amqp://HOST:PORT or HOST:PORT")
-    return Endpoint(host=host, port=int(port))
+        raise CliError(f"--url {url!r}: expected amqp://HOST:PORT, amqps://HOST:PORT or HOST:PORT")
+    if not secure:
+        return Endpoint(host=host, port=int(port))
+    if ca_file is None:
+        raise CliError(
+            f"--url {url!r}: amqps needs the CA its certificate chains to: give --ca-file "
+            "(`enmasse up`'s is <var-dir>/tls/ca.crt)"
+        )
+    return Endpoint(host=host, port=int(port), tls=Tls(ca_file=str(ca_file), verify_hostname=True))
 
 
 def space_endpoint(space: resources_pb2.AddressSpace) -> Endpoint:
@@ -70,7 +88,7 @@ def space_endpoint(space: resources_pb2.AddressSpace) -> Endpoint:
 
     CliError while it has none."""
     for endpoint in space.status.endpoints:
-        if endpoint.name == "amqp" and endpoint.port:
+        if endpoint.name == AMQP and endpoint.port:
             return Endpoint(host=endpoint.host or "127.0.0.1", port=endpoint.port)
     phase = space.status.status.phase or PENDING
     raise CliError(
@@ -118,10 +136,20 @@ def _connect(
             container_id=container_id,
             user=login.user if login is not None else None,
             password=login.password if login is not None else None,
-            mechanisms=sasl.CLIENT_MECHANISMS if login is not None else None,
+            mechanisms=_mechanisms(login, tls=endpoint.tls is not None),
+            tls=endpoint.tls,
         )
     except (OSError, AmqpError, FutureTimeout) as error:
         raise CliError(f"cannot connect to {endpoint}: {error or 'timed out'}") from None
+
+
+def _mechanisms(login: Login | None, *, tls: bool) -> tuple[str, ...] | None:
+    """The engine's own SASL (SCRAM first) for a login; over TLS for ANONYMOUS too, since its
+    TLS (Python's) checks an address like 127.0.0.1 against the certificate, where proton's
+    checks host names only. None: proton's ANONYMOUS over plain AMQP."""
+    if login is not None:
+        return sasl.CLIENT_MECHANISMS
+    return (sasl.ANONYMOUS,) if tls else None
 
 
 def outcome_summary(outcomes: Sequence[Outcome]) -> str:
@@ -302,11 +330,13 @@ class DemoResult:
 
 
 def demo_addresses(addresses: Sequence[resources_pb2.Address]) -> list[DemoAddress]:
-    """One address per type, in DEMO_ORDER; a subscription publishes to its topic's address."""
+    """One address per type, in DEMO_ORDER; a subscription publishes to its topic's address.
+    The space's own queues (its DLQ) are not the demo's: nothing sent there is a dead letter."""
     by_name = {a.metadata.name: a for a in addresses}
+    declared = [a for a in addresses if a.metadata.managed_by != SPACE_MANAGER]
     chosen: list[DemoAddress] = []
     for kind in DEMO_ORDER:
-        found = sorted((a for a in addresses if a.spec.type == kind), key=lambda a: a.metadata.name)
+        found = sorted((a for a in declared if a.spec.type == kind), key=lambda a: a.metadata.name)
         if not found:
             continue
         first = found[0]

@@ -2,7 +2,8 @@
 
 `table_rows` is pure (headers and string cells per kind) so tests can check the columns without a
 terminal; `print_table` hands them to rich. The columns of each kind are the kinds table's
-(`enmasse.resources.kinds`, like a CRD's printer columns); here they are only formatted: lists
+(`enmasse.resources.kinds`, like a CRD's printer columns; its `wide` ones only for `-o wide`,
+like kubectl's); here they are only formatted: lists
 joined with commas, booleans as yes/no, numbers short. Empty cells print as `-` so that every row
 splits into the same number of words (people pipe these tables into awk).
 """
@@ -42,10 +43,11 @@ def _field(message: Any, path: str) -> Any:
 
 
 def table_rows(
-    kind: Kind, resources: Sequence[resources_pb2.Resource]
+    kind: Kind, resources: Sequence[resources_pb2.Resource], *, wide: bool = False
 ) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
-    headers = tuple(column.header for column in kind.columns)
-    rows = [tuple(_cell(_field(object_of(r), c.path), c) for c in kind.columns) for r in resources]
+    columns = [column for column in kind.columns if wide or not column.wide]
+    headers = tuple(column.header for column in columns)
+    rows = [tuple(_cell(_field(object_of(r), c.path), c) for c in columns) for r in resources]
     return headers, rows
 
 
@@ -85,4 +87,4 @@ def print_resources(
     elif not resources:
         console.out(f"No {info.plural} found.", highlight=False)
     else:
-        print_table(console, *table_rows(info, resources))
+        print_table(console, *table_rows(info, resources, wide=output == "wide"))

@@ -16,9 +16,9 @@ when the store says Active AND every router of its space answers with a configur
 it; whoever wrote the phase, whenever, that pair cannot be stale. A brokered space has no router:
 its phases are all there is (the storage-controller writes them from what its broker holds).
 
-Every question goes over the CLI's channel (`enmasse.cli.client.open_channel`): mutual TLS with
-the admin's control-plane certificate under `enmasse up`, which RouterAdmin and BrokerAdmin
-require.
+Every question goes over the operator's channel (`enmasse.cli.client.open_operator_channel`):
+mutual TLS with the machine operator's certificate under `enmasse up`, which RouterAdmin and
+BrokerAdmin let read (what a router runs, what a broker holds) and nothing else.
 
 `laggards` is pure; the rest asks over gRPC with a short deadline each, so a router that does
 not answer is a laggard, never a hang.
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from enmasse.cli.client import open_channel
+from enmasse.cli.client import open_operator_channel
 from enmasse.common.certificates import TlsFiles
 from enmasse.resources.contracts import ACTIVE, BROKERED, FAILED, PENDING, QUEUE, TOPIC
 from enmasse.resources.discovery import LocalDirectory
@@ -88,7 +88,7 @@ def routers_of(found: LocalDirectory, space: str, *, tls: TlsFiles | None) -> li
 
 
 def _ask_router(space: str, router_id: str, admin: str, *, tls: TlsFiles | None) -> RouterRun:
-    with open_channel(admin, tls=tls) as channel:
+    with open_operator_channel(admin, tls=tls) as channel:
         try:
             config = router_pb2_grpc.RouterAdminStub(channel).GetConfig(
                 router_pb2.GetConfigRequest(), timeout=ASK_DEADLINE
@@ -110,7 +110,7 @@ def brokers_of(found: LocalDirectory, space: str, *, tls: TlsFiles | None) -> li
 
 def _ask_broker(space: str, broker_id: str, admin: str, *, tls: TlsFiles | None) -> BrokerHolds:
     started = time.monotonic()
-    with open_channel(admin, tls=tls) as channel:
+    with open_operator_channel(admin, tls=tls) as channel:
         try:
             listing = broker_pb2_grpc.BrokerAdminStub(channel).ListAddresses(
                 broker_pb2.ListAddressesRequest(), timeout=ASK_DEADLINE
@@ -134,7 +134,7 @@ def agent_view(
 ) -> dict[tuple[str, str], router_agent_pb2.RouterState]:
     """(space, router id) -> what the router-agent knows of that router; empty when the agent
     does not answer (status shows `-` then)."""
-    with open_channel(target, tls=tls) as channel:
+    with open_operator_channel(target, tls=tls) as channel:
         try:
             topology = router_agent_pb2_grpc.RouterAgentStub(channel).GetTopology(
                 router_agent_pb2.TopologyRequest(), timeout=ASK_DEADLINE

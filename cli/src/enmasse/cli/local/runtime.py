@@ -19,7 +19,11 @@ files are only ever started here, as processes, never imported.
 
 Transport: under `enmasse up` every router gets the routers' certificate and every broker the
 brokers' (<var>/tls/router, <var>/tls/broker; local/tls.py) as $ENMASSE_TLS_DIR, so RouterAdmin
-and BrokerAdmin speak mutual TLS; a var dir without them (tests of the pure parts) adds nothing.
+and BrokerAdmin speak mutual TLS, and so do the inter-router mesh and the links from routers to
+a standard space's brokers (`--routers-only`); a var dir without them (tests of the pure parts)
+adds nothing. Every router, and a brokered space's broker, is a client endpoint: it also gets its
+own amqps certificate (<var>/tls/endpoints/<program>/, naming the program; `tls.py`), issued
+before it starts, and its pinned amqps port.
 
 `desired_programs` and `program_files` are pure (paths in, names and texts out) for the tests.
 """
@@ -39,7 +43,12 @@ from typing import Any
 import structlog
 from enmasse.cli.local.programs import PROGRAMS, program_section
 from enmasse.cli.local.supervisor import apply_config_changes, supervisor_proxy
-from enmasse.cli.local.tls import BROKER_HOLDER, ROUTER
+from enmasse.cli.local.tls import (
+    BROKER_HOLDER,
+    ROUTER,
+    endpoint_tls,
+    ensure_endpoint_certificate,
+)
 from enmasse.cli.local.var_dir import VarDir
 from enmasse.common.certificates import TLS_DIR_ENV, TlsFiles
 from enmasse.resources.rendered_brokers import GitOpsOutput, local_broker_command
@@ -67,6 +76,7 @@ class Program:
     workdir: Path  # made before the start: the process writes its ports file there
     priority: int
     environment: tuple[tuple[str, str], ...] = ()
+    endpoint: bool = False  # a client endpoint: its amqps certificate is issued before it starts
 
 
 def tls_environment(var: VarDir, holder: str) -> tuple[tuple[str, str], ...]:
@@ -86,26 +96,39 @@ def desired_programs(var: VarDir) -> dict[str, Program]:
     """Every workload the GitOps output holds, by program name (`program_name`)."""
     programs: dict[str, Program] = {}
     router_tls, broker_tls = tls_environment(var, ROUTER), tls_environment(var, BROKER_HOLDER)
+    # Client endpoints get an amqps certificate where `up` made certificates at all.
+    amqps = bool(router_tls)
     routers = RenderedRouters(var.gitops)
     for space in routers.spaces():
         for router in routers.read_space(space).values():
             name = program_name(space=space, workload_id=router.router_id)
+            command = local_router_command(
+                router, var_dir=var.root, endpoint_tls=endpoint_tls(var, name) if amqps else None
+            )
             programs[name] = Program(
                 name=name,
-                command=tuple(local_router_command(router, var_dir=var.root)),
+                command=tuple(command),
                 workdir=local_router_dir(router, var_dir=var.root),
                 priority=ROUTER_PRIORITY,
                 environment=router_tls,
+                endpoint=amqps,
             )
     for space, brokers in GitOpsOutput(var.gitops).read_all().items():
         for broker in brokers.values():
             name = program_name(space=space, workload_id=broker.broker.id)
+            serves_clients = amqps and not broker.routers_only
+            command = local_broker_command(
+                broker,
+                var_dir=var.root,
+                endpoint_tls=endpoint_tls(var, name) if serves_clients else None,
+            )
             programs[name] = Program(
                 name=name,
-                command=tuple(local_broker_command(broker, var_dir=var.root)),
+                command=tuple(command),
                 workdir=var.root / "brokers" / space / broker.broker.id,
                 priority=BROKER_PRIORITY,
                 environment=broker_tls,
+                endpoint=serves_clients,
             )
     return programs
 
@@ -149,6 +172,8 @@ def reconcile_once(var: VarDir, *, force: bool = False) -> dict[str, list[str]]:
     programs = desired_programs(var)
     for program in programs.values():
         program.workdir.mkdir(parents=True, exist_ok=True)
+        if program.endpoint:  # its amqps certificate, before it starts (kept while it fits)
+            ensure_endpoint_certificate(var, program.name)
     for space in RenderedRouters(var.gitops).spaces():  # before any router of it starts
         ensure_local_mesh_secret(space=space, var_dir=var.root)
     if not write_program_files(var, program_files(var, programs)) and not force:

@@ -17,8 +17,9 @@ time per var dir (a file lock).
 
 Access: `up` makes the admin token before config first starts and each control-plane service's
 token once config answers (`tokens.py`). Transport: before any program starts, `up` makes the
-certificates in <var>/tls (`tls.py`), and asks config (health, tokens, phases) over mutual TLS
-with the admin's certificate, the only way in.
+certificates in <var>/tls (`tls.py`), and asks config (health, tokens, phases) over TLS verified
+against the published <var>/tls/ca.crt, with the admin token and no client certificate, as any
+tenant does.
 
 Pure parts (the uptime text, `stopped_text`) are plain functions that tests call directly.
 """
@@ -37,7 +38,13 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from enmasse.cli.client import CliError, ConfigClient, admin_tls, open_channel, resolve_token
+from enmasse.cli.client import (
+    CliError,
+    ConfigClient,
+    local_ca_file,
+    open_channel,
+    resolve_token,
+)
 from enmasse.cli.local.ports import read_ports
 from enmasse.cli.local.programs import PROGRAMS
 from enmasse.cli.local.supervisor import (
@@ -55,7 +62,6 @@ from enmasse.cli.local.supervisor import (
 from enmasse.cli.local.tls import ensure_certificates
 from enmasse.cli.local.tokens import ensure_admin_token, ensure_service_tokens
 from enmasse.cli.local.var_dir import VarDir
-from enmasse.common.certificates import TlsFiles
 from enmasse.resources.contracts import ACTIVE, STANDARD
 from enmasse.resources.kinds import KINDS
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -73,8 +79,8 @@ def router_agent_address(var: VarDir) -> str:
     return f"127.0.0.1:{read_ports(var).router_agent}"
 
 
-def config_healthy(address: str, *, tls: TlsFiles | None) -> bool:
-    with open_channel(address, tls=tls) as channel:
+def config_healthy(address: str, *, ca_file: Path | None) -> bool:
+    with open_channel(address, ca_file=ca_file) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
@@ -88,7 +94,7 @@ def wait_config_healthy(var: VarDir, *, timeout: float = 60.0) -> str:
     proxy = supervisor_proxy(var)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if config_healthy(address, tls=admin_tls(var.root)):
+        if config_healthy(address, ca_file=local_ca_file(var.root)):
             var.config_addr.write_text(address + "\n")
             return address
         for info in proxy.supervisor.getAllProcessInfo():
@@ -280,7 +286,7 @@ def routed_addresses_active(var: VarDir) -> list[str] | None:
     try:
         token = resolve_token(option=None, var_dir=var.root)
         with ConfigClient(
-            server=config_address(var), timeout=5.0, token=token, tls=admin_tls(var.root)
+            server=config_address(var), timeout=5.0, token=token, ca_file=local_ca_file(var.root)
         ) as client:
             spaces = [
                 w.address_space.metadata.name

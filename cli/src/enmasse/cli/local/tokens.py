@@ -9,8 +9,8 @@ so those started before their file exists get going as soon as it is there.
 
 Idempotence: a token file that config still accepts is kept; one it refuses (a store started
 afresh, a token revoked) is replaced by a new token of the same name. The runtime program has
-no token: it never calls config. Every call goes over mutual TLS with the admin's certificate
-when the var dir holds one (`enmasse.cli.client.admin_tls`).
+no token: it never calls config. Every call goes over TLS verified against the CA certificate
+`up` published (<var>/tls/ca.crt), with no client certificate: the token is the credential.
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from enmasse.cli.client import CliError, ConfigClient, admin_tls
+from enmasse.cli.client import CliError, ConfigClient, local_ca_file
 from enmasse.cli.local.var_dir import VarDir
-from enmasse.common.certificates import TlsFiles
 from enmasse.resources.kinds import KINDS
 
 SERVICE_ROLES: Mapping[str, str] = {
@@ -67,12 +66,12 @@ def ensure_admin_token(var: VarDir) -> None:
 ACCEPT_TRIES = 3
 
 
-def accepted(address: str, token: str, *, tls: TlsFiles | None) -> bool:
+def accepted(address: str, token: str, *, ca_file: Path | None) -> bool:
     """Whether config at `address` takes `token` (a read every role may make). A config service
     `up` has just (re)started may not answer the first call under load: a failed call is tried
     again, and the calls wait for the connection, before the token counts as refused."""
     with ConfigClient(
-        server=address, timeout=10.0, token=token, tls=tls, wait_for_ready=True
+        server=address, timeout=10.0, token=token, ca_file=ca_file, wait_for_ready=True
     ) as client:
         for attempt in range(ACCEPT_TRIES):
             try:
@@ -87,19 +86,19 @@ def accepted(address: str, token: str, *, tls: TlsFiles | None) -> bool:
 def ensure_service_tokens(var: VarDir, *, address: str) -> list[str]:
     """Every service's token file, made (or remade) where config does not take the one there;
     returns the services whose token was made."""
-    admin, tls = read_secret(var.admin_token), admin_tls(var.root)
-    if not accepted(address, admin, tls=tls):
+    admin, ca_file = read_secret(var.admin_token), local_ca_file(var.root)
+    if not accepted(address, admin, ca_file=ca_file):
         raise CliError(
             f"the config service at {address} does not accept the admin token in "
             f"{var.admin_token} (its store has another admin token): write that one into "
             "the file, or start from an empty var dir"
         )
     made = []
-    with ConfigClient(server=address, token=admin, tls=tls) as client:
+    with ConfigClient(server=address, token=admin, ca_file=ca_file) as client:
         for service, role in SERVICE_ROLES.items():
             path = var.service_token(service)
             current = read_secret(path)
-            if current and accepted(address, current, tls=tls):
+            if current and accepted(address, current, ca_file=ca_file):
                 continue
             reply = client.create_token(name=service, role=role, replace=True)
             write_secret(path, reply.secret)

@@ -10,6 +10,8 @@
 - `throttle`: failed logins per peer and per user, and the back-off and refusal they earn.
 - `tls`: TLS done by the engine in memory, for listeners that check passwords (amqps + PLAIN) and
   clients that log in with our SASL (amqps + SCRAM).
+- `selector`: JMS message selectors (the AMQP selector filter), parsed once per link, evaluated
+  per message.
 
 A process on the engine, in short (everything runs on the engine's thread):
 

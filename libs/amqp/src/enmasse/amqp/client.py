@@ -599,11 +599,14 @@ def run_sender(
     time_limit: float = 60.0,
     user: str | None = None,
     password: str | None = None,
+    tls: Tls | None = None,
+    hostname: str | None = None,
 ) -> BulkResult:
     """Sends `count` copies of payload as fast as credit allows (or at `rate` msgs/s); blocks.
 
     Acked: finished when every outcome came back. Pre-settled: when the last byte left.
     stamp=True writes time.monotonic_ns() into the body's first 8 bytes (see stamped_payload).
+    tls (and hostname, the name the server's certificate is checked against): an amqps peer.
     """
     done = threading.Event()
     handler = _BulkSend(
@@ -617,7 +620,15 @@ def run_sender(
         done=done,
     )
     engine = Engine()
-    engine.connect(host=host, port=port, handler=handler, user=user, password=password)
+    engine.connect(
+        host=host,
+        port=port,
+        handler=handler,
+        user=user,
+        password=password,
+        tls=tls,
+        hostname=hostname,
+    )
     _run(engine, done, time_limit)
     return handler.result
 
@@ -636,6 +647,8 @@ def run_receiver(
     user: str | None = None,
     password: str | None = None,
     progress: Callable[[int], bool] | None = None,
+    tls: Tls | None = None,
+    hostname: str | None = None,
 ) -> BulkResult:
     """Receives and accepts up to `count` messages from address on host:port; blocks until done.
 
@@ -643,6 +656,7 @@ def run_receiver(
     and ends the run by returning True (consumers sharing one total). idle_stop (seconds): also
     stop when nothing
     arrived for that long (competing consumers); result.finished is the last arrival either way.
+    tls, hostname: as for run_sender.
     """
     done = threading.Event()
     handler = _BulkReceive(
@@ -657,7 +671,15 @@ def run_receiver(
         progress=progress,
     )
     engine = Engine()
-    engine.connect(host=host, port=port, handler=handler, user=user, password=password)
+    engine.connect(
+        host=host,
+        port=port,
+        handler=handler,
+        user=user,
+        password=password,
+        tls=tls,
+        hostname=hostname,
+    )
     _run(engine, done, time_limit)
     return handler.result
 

@@ -418,5 +418,7 @@ def with_header(payload: bytes, header: Header) -> bytes:
 
 
 def with_delivery_count(payload: bytes, delivery_count: int) -> bytes:
-    """The same message with the header's delivery-count set: what a broker does on redelivery."""
-    return with_header(payload, read_header(payload)._replace(delivery_count=delivery_count))
+    """The same message with the header's delivery-count set and first-acquirer false: what a
+    broker does on redelivery (an earlier delivery acquired it, AMQP 1.0 §3.2.1)."""
+    header = read_header(payload)._replace(delivery_count=delivery_count, first_acquirer=False)
+    return with_header(payload, header)

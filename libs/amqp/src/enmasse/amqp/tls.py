@@ -21,7 +21,8 @@ Listeners with TLS but without our SASL keep proton's TLS, and plain connections
 here, so their per-read and per-flush work is what it was. An outgoing connection whose SASL is
 ours (SCRAM) is in the same position as such a listener, from the other end: `client_context`
 verifies the server as proton's client TLS does (`wire.client_tls`), and `TlsSession.start`
-sends its hello.
+sends its hello. `mutual_tls` names the `Tls` of the internal links (the mesh, router -> broker,
+a drain, the subscription service's attach): a process's own certificate directory.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import contextlib
 import ssl
 
 from enmasse.amqp.wire import Tls
+from enmasse.common.certificates import TlsFiles
 
 _READ_CHUNK = 256 * 1024
 
@@ -37,6 +39,15 @@ _READ_CHUNK = 256 * 1024
 class TlsFailure(Exception):
     """The client's bytes are not a TLS session we accept (plain AMQP on the TLS port, a bad
     handshake, a certificate we cannot verify, a corrupt record)."""
+
+
+def mutual_tls(files: TlsFiles) -> Tls:
+    """A process's own certificate directory (`enmasse.common.certificates`: tls.crt, tls.key,
+    ca.crt) as the `Tls` of its internal AMQP links: it presents tls.crt and trusts ca.crt alone,
+    as a listener (a client certificate that CA signed is required) and as a client (the
+    server's certificate is verified against it; not its name: every router shares one
+    certificate, so the chain says "one of ours", and the mesh's secret which space)."""
+    return Tls(cert_file=str(files.cert), key_file=str(files.key), ca_file=str(files.ca))
 
 
 def server_context(tls: Tls) -> ssl.SSLContext:

@@ -2,10 +2,10 @@
 
 In: a directory (`var/tls/` under `enmasse up`) and who needs a certificate: a `Holder` names the
 process (the subject's common name), its role (the subject's organizational unit: `control-plane`,
-`data-plane`, `store`, `admin`), the host names and addresses it serves on, and whether it is a
-server, a client or both. Out: PEM files in the layout cert-manager gives a Kubernetes Secret
-(`tls.crt`, `tls.key`, `ca.crt` in one directory per holder), so a process reads the same
-`--tls-dir` locally and in a cluster.
+`data-plane`, `broker`, `store`, `operator`, `endpoint`), the host names and addresses it serves
+on, and whether it is a server, a client or both. Out: PEM files in the layout cert-manager
+gives a Kubernetes Secret (`tls.crt`, `tls.key`, `ca.crt` in one directory per holder), so a
+process reads the same `--tls-dir` locally and in a cluster.
 
 Why it is idempotent: `enmasse up` runs again and again over the same `var/`. A CA that exists
 and is valid for a while yet is kept (every certificate already issued stays trusted); a holder's
@@ -45,6 +45,12 @@ BROKER = "broker"
 """Brokers: data plane too, and a draining broker calls its target's PrepareDrain."""
 STORE = "store"
 """etcd: its own CA, so only the config service's certificate opens it."""
+OPERATOR = "operator"
+"""The machine operator (`enmasse status`, `up`'s readiness wait): RouterAdmin and BrokerAdmin let
+it read what a router runs and a broker holds, never change either."""
+ENDPOINT = "endpoint"
+"""A space's client endpoint (a router's, or a brokered space's broker's, amqps port): a server
+certificate naming that one process, which clients verify; no port takes it from a client."""
 
 CA_LIFETIME = datetime.timedelta(days=3650)
 LEAF_LIFETIME = datetime.timedelta(days=825)

@@ -16,6 +16,8 @@ Transport: given the caller's `TlsFiles` (its `--tls-dir`) a channel speaks TLS,
 that CA and presents the caller's certificate (mutual TLS: the servers of `enmasse.common.serving`
 require one); `peer_channel` is the same without a token, for RouterAdmin and BrokerAdmin, which
 know their callers by certificate alone. Without TLS files a channel is plaintext, as before.
+A caller whose token is all it holds (a tenant, the CLI) verifies the server against a CA file
+and presents nothing (`verifying_credentials`): the config service asks no certificate of it.
 
 Why an interceptor and not `grpc.metadata_call_credentials`: call credentials need a secure
 channel, and without TLS files the channel is plain gRPC (tests, benches); one way for both.
@@ -112,6 +114,12 @@ def channel_credentials(tls: TlsFiles) -> grpc.ChannelCredentials:
     return grpc.ssl_channel_credentials(
         root_certificates=authority, private_key=key, certificate_chain=chain
     )
+
+
+def verifying_credentials(ca_file: str | os.PathLike[str]) -> grpc.ChannelCredentials:
+    """TLS trusting only the CA certificate(s) in `ca_file`, presenting no certificate: for a
+    caller whose credential is its bearer token. OSError when the file cannot be read."""
+    return grpc.ssl_channel_credentials(root_certificates=Path(ca_file).read_bytes())
 
 
 def peer_channel(

@@ -16,8 +16,16 @@ CA signed never gets a call through. `caller_roles` narrows who may call further
 certificate whose subject names one of those roles (its OU; RouterAdmin and BrokerAdmin accept
 `control-plane` only) reaches a servicer, anyone else gets PERMISSION_DENIED; health stays open to
 any certificate of the CA, so probes need no special identity, and `method_roles` names the
-methods that admit other roles (one broker asks another to prepare a drain). Without TLS the
-port is plaintext as before (tests, benches) and `start_server` logs a warning that says so.
+methods that admit other roles (one broker asks another to prepare a drain; the operator's
+certificate may read). Without TLS the port is plaintext as before (tests, benches) and
+`start_server` logs a warning that says so.
+
+`require_client_certificate=False` (the config service, whose every call carries a bearer token:
+its callers are told apart by token, and a tenant holds nothing else) keeps the port TLS-only but
+lets a client in without a certificate. grpcio offers only "require and verify" or "do not ask":
+its Python API has no "verify when one is presented" (gRPC core's
+REQUEST_CLIENT_CERTIFICATE_AND_VERIFY), so such a port does not ask, and a certificate a client
+holds is neither checked nor a credential there: the token alone says who calls.
 
 Why one function: every service must look the same from outside (health probes in Kubernetes,
 reflection for grpcurl-style debugging), and nobody should have to remember the wiring.
@@ -77,6 +85,7 @@ async def start_server(
     tls: TlsFiles | None = None,
     caller_roles: Collection[str] = (),
     method_roles: Mapping[str, Collection[str]] | None = None,
+    require_client_certificate: bool = True,
 ) -> RunningServer:
     gate = (
         [CallerRoleGate(frozenset(caller_roles), methods=method_roles or {})]
@@ -94,7 +103,13 @@ async def start_server(
         names.append(name)
     served = [*names, reflection.SERVICE_NAME, health.SERVICE_NAME]
     reflection.enable_server_reflection(served, server)
-    bound = _bind(server, address=f"{host}:{port}", tls=tls, names=names)
+    bound = _bind(
+        server,
+        address=f"{host}:{port}",
+        tls=tls,
+        names=names,
+        require_client_certificate=require_client_certificate,
+    )
     if bound == 0:
         raise OSError(f"could not bind gRPC port {host}:{port}")
     await server.start()
@@ -104,17 +119,30 @@ async def start_server(
     return running
 
 
-def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
-    """TLS with a required client certificate signed by `tls`'s CA (mutual TLS)."""
+def server_credentials(
+    tls: TlsFiles, *, require_client_certificate: bool = True
+) -> grpc.ServerCredentials:
+    """TLS with a required client certificate signed by `tls`'s CA (mutual TLS); without
+    `require_client_certificate`, TLS that asks the client for no certificate."""
     chain, key, authority = tls.read()
+    if not require_client_certificate:
+        return grpc.ssl_server_credentials([(key, chain)])
     return grpc.ssl_server_credentials(
         [(key, chain)], root_certificates=authority, require_client_auth=True
     )
 
 
-def _bind(server: grpc.aio.Server, *, address: str, tls: TlsFiles | None, names: list[str]) -> int:
+def _bind(
+    server: grpc.aio.Server,
+    *,
+    address: str,
+    tls: TlsFiles | None,
+    names: list[str],
+    require_client_certificate: bool,
+) -> int:
     if tls is not None:
-        return server.add_secure_port(address, server_credentials(tls))
+        credentials = server_credentials(tls, require_client_certificate=require_client_certificate)
+        return server.add_secure_port(address, credentials)
     log.warning("grpc_plaintext", address=address, services=names, hint="give --tls-dir for mTLS")
     return server.add_insecure_port(address)
 

@@ -4,8 +4,8 @@ What flows in: a user's rules (each a list of address patterns and a list of ope
 `recv` on the message plane, `view`, `manage` on the admin side), an operation and an address.
 What flows out: `allows(rules, operation, address) -> bool`, and for the places that take rules
 in (the config service's validation, the router's configuration) `pattern_problem(pattern)`:
-why a string is not a pattern, or None. Validation, the routers and (later) the brokers share
-this module, so a pattern means the same thing wherever it is read.
+why a string is not a pattern, or None. Validation, the routers and a brokered space's broker
+share this module (through `permissions`), so a pattern means the same thing wherever it is read.
 
 The pattern syntax (DESIGN §9): an address is made of segments separated by `/` or `.`; a pattern
 is segments with the same separators, where
@@ -35,6 +35,7 @@ from typing import Final, Protocol
 
 SEND: Final = "send"
 RECV: Final = "recv"
+VIEW: Final = "view"  # browsing: seeing messages without taking them
 
 EVERYTHING: Final = "#"
 """The pattern that matches every address."""

@@ -64,6 +64,16 @@ TYPES_BY_SPACE_TYPE: Final[Mapping[str, tuple[str, ...]]] = {
     BROKERED: (QUEUE, TOPIC),  # one broker, JMS-style: no router-only types, no subscriptions
 }
 
+# ------------------------------------------------------------------ client endpoints
+
+# The names of an AddressSpace's `status.endpoints`: the router-agent writes a standard space's
+# (one pair per router), the storage-controller a brokered space's (its broker's); the CLI and
+# clients read them.
+AMQP: Final = "amqp"
+"""The endpoint over plain TCP (SCRAM logins; PLAIN and ANONYMOUS only where the plan allows)."""
+AMQPS: Final = "amqps"
+"""The same endpoint over TLS, its certificate naming that router or broker."""
+
 # ------------------------------------------------------------------ messaging user operations
 
 OPERATIONS: Final = ("send", "recv", "view", "manage")

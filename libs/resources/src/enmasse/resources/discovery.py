@@ -22,8 +22,12 @@ listen (`enmasse-router --ports-file`, `enmasse-broker --ports-file`), each repl
 (`write_ports` does it the same way, for tests and tools), laid out by space and id:
 
     <var>/routers/<space>/<router-id>/ports.json   {"amqp": 41002, "inter_router": 41003,
-                                                     "admin": 41001}
+                                                     "admin": 41001, "amqps": 41004}
     <var>/brokers/<space>/<broker-id>/ports.json   {"amqp": 42001, "admin": 42002, ...}
+
+`amqps` is there when the process listens for clients over TLS too (every router `enmasse up`
+starts, a brokered space's broker): `client_endpoints` turns what was found into the endpoints a
+space's status shows, `amqp` and beside it `amqps`.
 
 Everything listens on loopback. The whole-space view rereads a file only when it changed (mtime
 and size); a file that is half-written or malformed is skipped (logged once) and its last good
@@ -37,12 +41,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import structlog
+from enmasse.resources.contracts import AMQP, AMQPS
+from enmasse.v1 import resources_pb2
 
 log = structlog.get_logger(__name__)
 LOOPBACK = "127.0.0.1"
@@ -59,6 +65,7 @@ class RouterEndpoint:
     admin_port: int
     amqp_port: int
     inter_router_port: int
+    amqps_port: int | None = None  # its clients' TLS port, when it has one
 
     @property
     def admin(self) -> str:
@@ -77,10 +84,28 @@ class BrokerEndpoint:
     host: str
     amqp_port: int
     admin_port: int
+    amqps_port: int | None = None  # a brokered space's broker: its clients' TLS port
 
     @property
     def admin(self) -> str:
         return f"{self.host}:{self.admin_port}"
+
+
+def client_endpoints(
+    found: Iterable[RouterEndpoint | BrokerEndpoint],
+) -> list[resources_pb2.Endpoint]:
+    """A space's `status.endpoints` for the routers (or the broker) its clients connect to: each
+    one's `amqp`, then its `amqps` when it listens for TLS too."""
+    endpoints = []
+    for endpoint in found:
+        endpoints.append(
+            resources_pb2.Endpoint(name=AMQP, host=endpoint.host, port=endpoint.amqp_port)
+        )
+        if endpoint.amqps_port is not None:
+            endpoints.append(
+                resources_pb2.Endpoint(name=AMQPS, host=endpoint.host, port=endpoint.amqps_port)
+            )
+    return endpoints
 
 
 class Directory(Protocol):
@@ -115,6 +140,7 @@ def router_of(router_id: str, ports: Any) -> RouterEndpoint:
         admin_port=_port(ports, "admin", router_id),
         amqp_port=_port(ports, "amqp", router_id),
         inter_router_port=_port(ports, "inter_router", router_id),
+        amqps_port=_optional_port(ports, "amqps", router_id),
     )
 
 
@@ -125,7 +151,12 @@ def broker_of(broker_id: str, ports: Any) -> BrokerEndpoint:
         host=LOOPBACK,
         amqp_port=_port(ports, "amqp", broker_id),
         admin_port=_port(ports, "admin", broker_id),
+        amqps_port=_optional_port(ports, "amqps", broker_id),
     )
+
+
+def _optional_port(ports: Any, key: str, owner: str) -> int | None:
+    return _port(ports, key, owner) if isinstance(ports, dict) and key in ports else None
 
 
 def _port(ports: Any, key: str, owner: str) -> int:

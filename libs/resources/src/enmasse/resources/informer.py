@@ -20,7 +20,8 @@ raises is logged and the informer goes on.
 Credentials: given a `token` (`enmasse.common.credentials`), every Watch carries it; a refusal
 (UNAUTHENTICATED while `enmasse up` has not written the token file yet) is retried like a break.
 `with_secrets` asks for users' password hashes, which the config service gives the control
-plane's `controller` role only (the router-agent, which passes them to its routers).
+plane's `controller` role only (the router-agent, which passes them to its routers, and the
+storage-controller, which passes them to brokered spaces' brokers).
 Controllers (storage-controller, router-agent, ...) build on this; it has no controller logic.
 """
 

@@ -43,6 +43,8 @@ class Column:
     path: str
     zero: str = ""
     """What a number 0 means in this column, when it means something (a quota: unlimited)."""
+    wide: bool = False
+    """Shown only by `enmasse get -o wide` (kubectl's priority > 0 columns)."""
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,9 @@ KINDS: Mapping[str, Kind] = {
                 Column("TYPE", "spec.type"),
                 Column("PLAN", "spec.plan"),
                 _PHASE,
+                Column("MANAGED-BY", "metadata.managed_by", wide=True),
+                Column("DEAD-LETTERED", "status.dead_lettered", wide=True),
+                Column("DEAD-HELD", "status.dead_letters_held", wide=True),
             ),
             status="status",
         ),

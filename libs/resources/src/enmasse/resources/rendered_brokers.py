@@ -16,7 +16,16 @@ The contract with the local runtime and anyone else reading the output (Stateful
   runs: it is handing its messages over; its file disappears once that is done);
 - annotations `enmasse.io/local-amqp-port` and `enmasse.io/local-admin-port`: the loopback ports
   the local runtime must start it on. `local_broker_command` gives the exact command line
-  (`enmasse-broker --host=127.0.0.1 --port=.. --admin-port=.. --data-dir=.. --ports-file=..`).
+  (`enmasse-broker --host=127.0.0.1 --port=.. --admin-port=.. --data-dir=.. --ports-file=..`);
+- annotation `enmasse.io/serves`: `routers` (a standard space's broker: started with
+  `--routers-only`, its AMQP port takes only the space's routers, over mutual TLS with the
+  certificates of the broker's --tls-dir) or `clients` (a brokered space's broker: its AMQP port is
+  the space's client endpoint, started with `--client-auth=required`: clients log in as the
+  space's users, which the storage-controller pushes). A file without it is read as `routers`:
+  closed by default;
+- annotation `enmasse.io/local-amqps-port`, on a broker that serves clients only: the loopback
+  port of its amqps listener, which the local runtime opens with the broker's own certificate
+  (`local_broker_command`'s `endpoint_tls`; in a cluster the Certificate rendered beside it).
 
 `GitOpsOutput.write_space` (the storage-controller's) writes only files whose text changed and
 deletes the files of brokers that are gone, touching only files with its managed-by label, so
@@ -31,14 +40,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from enmasse.common.certificates import TlsFiles
 from enmasse.resources.contracts import ACTIVE
 from enmasse.resources.workload_files import (
     ANNOTATION_ADMIN_PORT,
     ANNOTATION_AMQP_PORT,
+    ANNOTATION_AMQPS_PORT,
     LABEL_SPACE,
     WORKLOADS,
     WorkloadError,
+    local_amqps_arguments,
     managed_statefulset,
+    optional_port,
     owned_files,
     sync_files,
 )
@@ -48,6 +61,10 @@ LABEL_BROKER = "enmasse.io/broker"
 ANNOTATION_KIND = "enmasse.io/broker-kind"
 ANNOTATION_OWNER = "enmasse.io/owner"
 ANNOTATION_STATE = "enmasse.io/state"
+ANNOTATION_SERVES = "enmasse.io/serves"
+SERVES_ROUTERS = "routers"
+SERVES_CLIENTS = "clients"
+CLIENT_AUTH = "required"  # a brokered space's broker: logins checked against the pushed users
 
 
 @dataclass(frozen=True)
@@ -64,6 +81,7 @@ class Broker:
 class LocalPorts:
     amqp: int
     admin: int
+    amqps: int | None = None  # a broker that serves clients: its amqps port
 
 
 @dataclass(frozen=True)
@@ -73,6 +91,7 @@ class BrokerWorkload:
     space: str
     broker: Broker
     ports: LocalPorts
+    routers_only: bool = True  # a standard space's broker (`enmasse.io/serves: routers`)
 
 
 def read_broker(text: str) -> BrokerWorkload | None:
@@ -93,19 +112,33 @@ def _workload(metadata: dict[str, Any], labels: dict[str, str]) -> BrokerWorkloa
         ports = LocalPorts(
             amqp=int(annotations[ANNOTATION_AMQP_PORT]),
             admin=int(annotations[ANNOTATION_ADMIN_PORT]),
+            amqps=optional_port(annotations.get(ANNOTATION_AMQPS_PORT)),
         )
-        return BrokerWorkload(space=labels[LABEL_SPACE], broker=broker, ports=ports)
+        return BrokerWorkload(
+            space=labels[LABEL_SPACE],
+            broker=broker,
+            ports=ports,
+            routers_only=annotations.get(ANNOTATION_SERVES) != SERVES_CLIENTS,
+        )
     except (KeyError, ValueError) as error:
         raise WorkloadError(f"broker workload lacks a readable {error}") from error
 
 
 def local_broker_command(
-    workload: BrokerWorkload, *, var_dir: Path, executable: str | None = None
+    workload: BrokerWorkload,
+    *,
+    var_dir: Path,
+    executable: str | None = None,
+    endpoint_tls: TlsFiles | None = None,
 ) -> list[str]:
     """How the local runtime starts a rendered broker: its ports, its own data directory under
-    <var>/brokers/<space>/<id>, and a ports file the BrokerDirectory reads back."""
+    <var>/brokers/<space>/<id>, a ports file the BrokerDirectory reads back, and --routers-only
+    for a standard space's broker (the runtime gives it its certificate: $ENMASSE_TLS_DIR), or
+    --client-auth=required for a brokered space's (its clients log in as the space's users),
+    with its amqps listener when given `endpoint_tls`, its own amqps certificate."""
     base = var_dir / "brokers" / workload.space / workload.broker.id
     program = executable or str(Path(sys.executable).parent / "enmasse-broker")
+    amqps = workload.ports.amqps
     return [
         program,
         "--host=127.0.0.1",
@@ -113,6 +146,8 @@ def local_broker_command(
         f"--admin-port={workload.ports.admin}",
         f"--data-dir={base / 'data'}",
         f"--ports-file={base / 'ports.json'}",
+        *(["--routers-only"] if workload.routers_only else [f"--client-auth={CLIENT_AUTH}"]),
+        *([] if workload.routers_only else local_amqps_arguments(endpoint_tls, port=amqps)),
     ]
 
 

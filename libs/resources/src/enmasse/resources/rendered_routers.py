@@ -11,18 +11,24 @@ between the two, so that neither imports the other.
 The contract (StatefulSet metadata, as for brokers):
 - labels `app.kubernetes.io/component: router`, `app.kubernetes.io/managed-by:
   enmasse-router-agent`, `enmasse.io/space: <space>`, `enmasse.io/router: <router-id>`;
-- annotations `enmasse.io/local-amqp-port`, `enmasse.io/local-inter-router-port` and
-  `enmasse.io/local-admin-port`: the loopback ports the local runtime starts it on, chosen free
-  when the router is first rendered and kept from then on (clients and peers keep them across
-  restarts). The router writes them back to `<var>/routers/<space>/<id>/ports.json`, which is
-  where the agent's directory finds it.
+- annotations `enmasse.io/local-amqp-port`, `enmasse.io/local-amqps-port`,
+  `enmasse.io/local-inter-router-port` and `enmasse.io/local-admin-port`: the loopback ports the
+  local runtime starts it on, chosen free when the router is first rendered and kept from then on
+  (clients and peers keep them across restarts). The router writes them back to
+  `<var>/routers/<space>/<id>/ports.json`, which is where the agent's directory finds it.
+
+Every router is a client endpoint on two ports: amqp (plain TCP) and amqps (TLS with a
+certificate naming that router: in a cluster the Certificate rendered beside it, locally one the
+runtime issues, `local_router_command`'s `endpoint_tls`).
 
 Who gets in: every router runs `--client-auth=required` (SCRAM and PLAIN logins are checked
 against the space's MessagingUsers; ANONYMOUS, and PLAIN without TLS, only where the space plan
 allows them, as the router-agent's RouterConfig says) and `--mesh-secret-file`, the secret all
-routers of the space log in to each other with. Locally that secret is
-`<var>/routers/<space>/mesh-secret`, written once (mode 0600) by `ensure_local_mesh_secret`
-before the runtime starts the space's routers; it is never rendered into the output (that is git).
+routers of the space log in to each other with, inside the mesh's mutual TLS (the router's
+certificate comes through $ENMASSE_TLS_DIR: the runtime's environment, the pod's mount). Locally
+that secret is `<var>/routers/<space>/mesh-secret`, written once (mode 0600) by
+`ensure_local_mesh_secret` before the runtime starts the space's routers; it is never rendered
+into the output (that is git).
 """
 
 from __future__ import annotations
@@ -35,13 +41,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from enmasse.common.certificates import TlsFiles
 from enmasse.resources.workload_files import (
     ANNOTATION_ADMIN_PORT,
     ANNOTATION_AMQP_PORT,
+    ANNOTATION_AMQPS_PORT,
     LABEL_SPACE,
     WORKLOADS,
     WorkloadError,
+    local_amqps_arguments,
     managed_statefulset,
+    optional_port,
     owned_files,
     sync_files,
 )
@@ -58,6 +68,7 @@ class LocalRouterPorts:
     amqp: int
     inter_router: int
     admin: int
+    amqps: int | None = None  # None: rendered before routers had one (the agent adds it)
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,7 @@ def read_router(text: str) -> RouterWorkload | None:
                 amqp=int(annotations[ANNOTATION_AMQP_PORT]),
                 inter_router=int(annotations[ANNOTATION_INTER_ROUTER_PORT]),
                 admin=int(annotations[ANNOTATION_ADMIN_PORT]),
+                amqps=optional_port(annotations.get(ANNOTATION_AMQPS_PORT)),
             ),
         )
     except (KeyError, ValueError) as error:
@@ -146,11 +158,16 @@ def ensure_local_mesh_secret(*, space: str, var_dir: Path) -> Path:
 
 
 def local_router_command(
-    workload: RouterWorkload, *, var_dir: Path, executable: str | None = None
+    workload: RouterWorkload,
+    *,
+    var_dir: Path,
+    executable: str | None = None,
+    endpoint_tls: TlsFiles | None = None,
 ) -> list[str]:
     """How the local runtime starts a rendered router: its pinned ports, the ports file in
     `local_router_dir`, which the agent's directory reads, and the space's mesh secret (made by
-    `ensure_local_mesh_secret` first)."""
+    `ensure_local_mesh_secret` first); with `endpoint_tls` (the router's own amqps certificate)
+    and a pinned amqps port, its amqps listener too."""
     ports_file = local_router_dir(workload, var_dir=var_dir) / "ports.json"
     program = executable or str(Path(sys.executable).parent / "enmasse-router")
     return [
@@ -163,4 +180,5 @@ def local_router_command(
         f"--ports-file={ports_file}",
         f"--client-auth={CLIENT_AUTH}",
         f"--mesh-secret-file={local_mesh_secret(space=workload.space, var_dir=var_dir)}",
+        *local_amqps_arguments(endpoint_tls, port=workload.ports.amqps),
     ]

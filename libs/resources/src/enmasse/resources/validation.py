@@ -39,6 +39,7 @@ from enmasse.resources.contracts import (
     ADDRESS_TYPES,
     BROKERED,
     OPERATIONS,
+    QUEUE,
     RESERVED_PREFIXES,
     SPACE_TYPES,
     STORED_TYPES,
@@ -47,6 +48,7 @@ from enmasse.resources.contracts import (
     TOPIC,
     TYPES_BY_SPACE_TYPE,
 )
+from enmasse.resources.dead_letters import named_queues, queue_plan_for
 from enmasse.resources.kinds import (
     KINDS,
     SPACE_SCOPED_KINDS,
@@ -236,7 +238,8 @@ def validate_batch(
 
 def validate_delete(key: Key, *, catalog: Catalog) -> list[Violation]:
     """Why an object may not be deleted: a plan still used by a space, an address or a plan; a
-    topic that subscriptions still read."""
+    topic that subscriptions still read; the queue of a dead-letter or expiry address that a
+    plan of the space's other addresses names (it goes with the space)."""
     kind, space, name = key
     if kind == "AddressPlan":
         return _address_plan_users(name, catalog)
@@ -246,12 +249,13 @@ def validate_delete(key: Key, *, catalog: Catalog) -> list[Violation]:
             for (s, n), obj in catalog.addresses.items()
             if s == space and obj.spec.type == SUBSCRIPTION and obj.spec.topic == name
         )
-        return [
+        found = [
             Violation(
                 kind, space, name, "metadata.name", f"is the topic of subscription '{r}'", True
             )
             for r in readers
         ]
+        return found + _space_queue_kept(key, catalog)
     if kind == "AddressSpacePlan":
         users = sorted(s for s, obj in catalog.address_spaces.items() if obj.spec.plan == name)
         return [
@@ -386,6 +390,18 @@ class AddressIndex:
     def holders(self, space: str, address: str) -> set[str]:
         return self._holders.get((space, address), set())
 
+    def plan_counts(self, space: str) -> dict[str, int]:
+        """How many of the space's addresses use each address plan (a copy)."""
+        return dict(self._plan_counts.get(space, {}))
+
+    def plans_used(self, space: str, *, without: str = "") -> list[str]:
+        """The address plans the space's addresses use (leaving out address `without`)."""
+        counts = self.plan_counts(space)
+        own = self._members.get(space, {}).get(without)
+        if own is not None:
+            counts[own[1]] -= 1
+        return sorted(plan for plan, count in counts.items() if count > 0)
+
     def count_without(self, space: str, name: str) -> int:
         members = self._members.get(space, {})
         return len(members) - (1 if name in members else 0)
@@ -504,6 +520,7 @@ class _Rules:
                     f"address plan '{plan_name}' serves '{plan.spec.address_type}', "
                     f"which {spec.address_space_type} address spaces do not have",
                 )
+        self._space_queues_creatable()
         quotas = spec.quotas
         for name in (
             "max_addresses",
@@ -513,6 +530,7 @@ class _Rules:
             "max_connections_per_user",
             "max_message_size",
             "max_links_per_connection",
+            "max_sessions_per_connection",
         ):
             if getattr(quotas, name) < 0:
                 self.bad(f"spec.quotas.{name}", "must not be negative (0 means unlimited)")
@@ -522,6 +540,19 @@ class _Rules:
             for name in ("allow_anonymous", "allow_plain_without_tls"):
                 if getattr(spec, name):
                     self.bad(f"spec.{name}", "applies to standard address spaces' routers only")
+
+    def _space_queues_creatable(self) -> None:
+        """A space of this plan gets the dead-letter and expiry addresses its plans name as
+        queues (`enmasse.resources.dead_letters`): the plan must offer a queue plan for them."""
+        plans = self.references.address_plans
+        named = named_queues(self.obj.spec.address_plans, plans)
+        if named and queue_plan_for(self.obj, plans) is None:
+            first = next(iter(named.values()))
+            self.bad(
+                "spec.address_plans",
+                f"'{first.address}' is {first.describe()}, which an address space of this "
+                "plan gets as a queue, but the plan lists no queue plan to create it with",
+            )
 
     # -- tenant resources
 
@@ -589,10 +620,27 @@ class _Rules:
                 )
         self._topic(spec)
         self._address_plan(spec, space)
+        if space is not None and type_ok and spec.type != QUEUE:
+            self._not_a_space_queue(spec, space)
         if space is not None and spec.address and len(spec.address) <= MAX_ADDRESS_LENGTH:
             self._unique_address(spec.address)
         if space is not None:
             self._quotas(space)
+
+    def _not_a_space_queue(
+        self, spec: resources_pb2.AddressSpec, space: resources_pb2.AddressSpace
+    ) -> None:
+        space_plan = self.references.address_space_plans.get(space.spec.plan)
+        if space_plan is None:
+            return
+        plans = self.references.address_plans
+        named = named_queues(space_plan.spec.address_plans, plans).get(spec.address)
+        if named is not None:
+            self.bad(
+                "spec.type",
+                f"address '{spec.address}' is {named.describe()} in address space "
+                f"'{self.space}': it must be a queue, not '{spec.type}'",
+            )
 
     def _address_string(self, address: str) -> None:
         if problem := address_problem(address):
@@ -717,6 +765,24 @@ class _Rules:
                     precondition=True,
                 )
                 return
+
+
+def _space_queue_kept(key: Key, catalog: Catalog) -> list[Violation]:
+    """An address holding the dead-letter or expiry address of a plan its space's other
+    addresses use stays."""
+    kind, space, name = key
+    address = catalog.addresses.get((space, name))
+    if address is None:
+        return []
+    used = catalog.address_index().plans_used(space, without=name)
+    named = named_queues(used, catalog.address_plans).get(address.spec.address)
+    if named is None:
+        return []
+    message = (
+        f"holds '{named.address}', {named.describe()}, which addresses of address space "
+        f"'{space}' use: it can be deleted once none does, or with the space"
+    )
+    return [Violation(kind, space, name, "metadata.name", message, True)]
 
 
 def _address_plan_users(name: str, catalog: Catalog) -> list[Violation]:

@@ -15,6 +15,10 @@ need for mutual TLS on their admin port (`tls_volumes`, `tls_mounts`, `tls_env`,
 `health_probe`): the per-role Secret cert-manager issues (k8s/base/certificates.yaml), read
 through `$ENMASSE_TLS_DIR`, and an exec health probe (kubelet's grpc probe has no client
 certificate; the script is the ConfigMap `enmasse-grpc-probe` of k8s/base/grpc-probe.yaml).
+And what a client endpoint (every router, a brokered space's broker) needs for amqps: a
+cert-manager Certificate of its own, rendered beside it (`endpoint_certificate`: role
+`endpoint`, its Service's names, server auth only), mounted at /etc/enmasse/tls and passed as
+`--tls-cert`, `--tls-key`, `--amqps-port` (`amqps_arguments`, the same flags locally).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from enmasse.common.certificates import TLS_DIR_ENV
+from enmasse.common.certificates import CERT_FILE, ENDPOINT, KEY_FILE, TLS_DIR_ENV, TlsFiles
 
 Workload = TypeVar("Workload")
 
@@ -36,6 +40,7 @@ LABEL_SPACE = "enmasse.io/space"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"  # whose file it is: only its writer touches it
 ANNOTATION_AMQP_PORT = "enmasse.io/local-amqp-port"  # the loopback ports of the local runtime
 ANNOTATION_ADMIN_PORT = "enmasse.io/local-admin-port"
+ANNOTATION_AMQPS_PORT = "enmasse.io/local-amqps-port"  # a client endpoint's amqps port, locally
 
 ROUTER_TLS_SECRET = "enmasse-router-tls"  # role data-plane, one for every router
 BROKER_TLS_SECRET = "enmasse-broker-tls"  # role broker, one for every broker
@@ -43,6 +48,9 @@ BROKER_TLS_SECRET = "enmasse-broker-tls"  # role broker, one for every broker
 # /etc/enmasse/tls, which k8s/README.md gives a router's client-facing (amqps) certificate.
 TLS_MOUNT = "/etc/enmasse/grpc-tls"
 PROBE_CONFIGMAP = "enmasse-grpc-probe"
+AMQPS_PORT = 5671
+AMQPS_TLS_MOUNT = "/etc/enmasse/tls"  # a client endpoint's own amqps certificate
+NAMESPACE = "enmasse"
 PROBE_MOUNT = "/etc/enmasse/probe"
 PROBE_SCRIPT = f"{PROBE_MOUNT}/health_probe.py"
 
@@ -73,6 +81,72 @@ def health_probe(port: int) -> dict[str, Any]:
         "periodSeconds": 5,
         "timeoutSeconds": 5,
     }
+
+
+def amqps_arguments(*, cert: str, key: str, port: int) -> list[str]:
+    """The flags a router or a broker opens its amqps port with (the same names for both)."""
+    return [f"--tls-cert={cert}", f"--tls-key={key}", f"--amqps-port={port}"]
+
+
+def local_amqps_arguments(tls: TlsFiles | None, *, port: int | None) -> list[str]:
+    """A locally run endpoint's amqps flags: its certificate's files and pinned port; none
+    without either (a var dir without certificates: tests of the pure parts)."""
+    if tls is None or port is None:
+        return []
+    return amqps_arguments(cert=str(tls.cert), key=str(tls.key), port=port)
+
+
+def optional_port(value: str | None) -> int | None:
+    """An annotation's port, None when the annotation is not there."""
+    return int(value) if value is not None else None
+
+
+def endpoint_secret(name: str) -> str:
+    """The Secret holding the amqps certificate of the workload whose Service is `name`."""
+    return f"{name}-amqps-tls"
+
+
+def endpoint_certificate(name: str, *, labels: dict[str, str]) -> dict[str, Any]:
+    """The cert-manager Certificate of one client endpoint: its Service `name` and that name's
+    cluster forms in the SAN, role `endpoint`, server auth only (it opens no mutual-TLS port),
+    issued by `enmasse-ca`, whose ca.crt clients trust (k8s/README.md)."""
+    return {
+        "apiVersion": "cert-manager.io/v1",
+        "kind": "Certificate",
+        "metadata": {"name": endpoint_secret(name), "labels": labels},
+        "spec": {
+            "secretName": endpoint_secret(name),
+            "commonName": name,
+            "subject": {"organizationalUnits": [ENDPOINT]},
+            "dnsNames": [
+                name,
+                f"{name}.{NAMESPACE}",
+                f"{name}.{NAMESPACE}.svc",
+                f"{name}.{NAMESPACE}.svc.cluster.local",
+            ],
+            "usages": ["digital signature", "key encipherment", "server auth"],
+            "duration": "2160h",
+            "renewBefore": "360h",
+            "privateKey": {"algorithm": "ECDSA", "size": 256, "rotationPolicy": "Always"},
+            "issuerRef": {"kind": "Issuer", "name": "enmasse-ca"},
+        },
+    }
+
+
+def amqps_volume(name: str) -> dict[str, Any]:
+    secret = {"secretName": endpoint_secret(name), "defaultMode": 0o440}
+    return {"name": "amqps-tls", "secret": secret}
+
+
+def amqps_mount() -> dict[str, Any]:
+    return {"name": "amqps-tls", "mountPath": AMQPS_TLS_MOUNT, "readOnly": True}
+
+
+def amqps_container_arguments() -> list[str]:
+    """A pod's amqps flags: its mounted certificate, port 5671."""
+    return amqps_arguments(
+        cert=f"{AMQPS_TLS_MOUNT}/{CERT_FILE}", key=f"{AMQPS_TLS_MOUNT}/{KEY_FILE}", port=AMQPS_PORT
+    )
 
 
 class WorkloadError(ValueError):

@@ -6,6 +6,9 @@ needs no answer is handed over with `engine.submit`): one owner of the state, no
 errors become gRPC statuses with the domain's own words: InvalidName -> INVALID_ARGUMENT,
 NotFound -> NOT_FOUND, Conflict -> ALREADY_EXISTS, a topic to drain without target_admin or a
 queue another drain is moving -> FAILED_PRECONDITION; a failed drain -> UNAVAILABLE.
+SetClientAccess (a brokered space's broker only; FAILED_PRECONDITION elsewhere) validates the push
+as a whole (INVALID_ARGUMENT naming the user and the problem) and puts it in force on the engine
+thread (`clients.ClientEndpoint.apply`); ListAddresses says which version is in force.
 
 Drain, step by step: pick the queues and topics (`drain.select`, on the engine); with
 `target_admin`, call the target's PrepareDrain (it creates what is missing with the same plans,
@@ -32,6 +35,7 @@ import grpc
 import structlog
 from enmasse.amqp.engine import Engine
 from enmasse.broker.broker import AddressError, Broker, Conflict, InvalidName, NotFound
+from enmasse.broker.clients import AccessError, ClientEndpoint, access_from_proto
 from enmasse.broker.drain import Drain, DrainRefused, Selection, select
 from enmasse.broker.inbox import InboxAddress
 from enmasse.broker.plan import Plan
@@ -63,8 +67,10 @@ class BrokerAdmin(broker_pb2_grpc.BrokerAdminServicer):
         engine: Engine,
         start_drain: DrainStarter,
         tls: TlsFiles | None = None,
+        clients: ClientEndpoint | None = None,
     ) -> None:
         self._tls = tls  # this broker's certificate, shown to a drain's target
+        self._clients = clients  # a brokered space's broker: who may log in (SetClientAccess)
         self._broker = broker
         self._engine = engine
         self._start_drain = start_drain
@@ -139,6 +145,22 @@ class BrokerAdmin(broker_pb2_grpc.BrokerAdminServicer):
 
     async def ListAddresses(self, request, context):  # type: ignore[no-untyped-def]
         return await self._call(context, self._list)
+
+    async def SetClientAccess(self, request, context):  # type: ignore[no-untyped-def]
+        if self._clients is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this broker is not a client endpoint (started without --client-auth required)",
+            )
+        clients = self._clients
+        assert clients is not None  # abort raised
+        try:
+            access = access_from_proto(request)
+        except AccessError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise
+        await self._engine.call(lambda: clients.apply(access))
+        return broker_pb2.SetClientAccessResponse(version=access.version)
 
     async def Drain(self, request, context):  # type: ignore[no-untyped-def]
         if not request.target_host or not 0 < request.target_port < 65536:
@@ -232,6 +254,7 @@ class BrokerAdmin(broker_pb2_grpc.BrokerAdminServicer):
             dequeued=sum(q.dequeued for q in subs),
             expired=sum(q.expired for q in subs),
             dead_lettered=sum(q.dead_lettered for q in subs),
+            dead_letters_held=sum(q.dead_letters_held for q in subs),
         )
 
     def _list(self) -> broker_pb2.ListAddressesResponse:
@@ -249,6 +272,7 @@ class BrokerAdmin(broker_pb2_grpc.BrokerAdminServicer):
             memory_used_bytes=broker.budget.used,
             memory_limit_bytes=broker.budget.limit,
             journal_live_messages=broker.journal.live_messages if broker.journal else 0,
+            client_access_version=self._clients.access.version if self._clients else "",
         )
 
 
@@ -264,6 +288,7 @@ def describe_queue(queue: Queue, *, kind: str, durable: bool = False) -> broker_
         dequeued=queue.dequeued,
         expired=queue.expired,
         dead_lettered=queue.dead_lettered,
+        dead_letters_held=queue.dead_letters_held,
         durable=durable,
         draining=queue.hand_off is not None,
     )

@@ -8,10 +8,14 @@ False when the producer must wait for `on_owned` (called after the group commit'
 
 Every entry that leaves a queue comes back here (`_removed`): a journaled one is acknowledged in the
 journal; a dead letter (rejected, or out of attempts) moves to the plan's dead-letter address; an
-expired one moves to the plan's expiry address or is dropped. A journaled entry that comes back
-with a new delivery count (`_counted`) gets a COUNT record, so the count and the dead-letter rule
-survive a restart. No network here: tests drive it directly, the AMQP handler and the admin
-servicer sit on top.
+expired one moves to the plan's expiry address or is dropped. A dead letter is never dropped: with
+no queue of its dead-letter address on this broker (none named, not created yet, or the queue is
+its own dead-letter address) it is held in its queue (`Queue.hold_dead`: never delivered again,
+counted, in ListAddresses), journaled as held so a restart keeps it held, logged once per queue
+as it starts holding, and moved to the dead-letter queue as soon as one is ensured here
+(`_rehome_dead_letters`). A journaled entry that comes back with a new delivery count
+(`_counted`) gets a COUNT record, so the count and the dead-letter rule survive a restart. No
+network here: tests drive it directly, the AMQP handler and the admin servicer sit on top.
 
 As the target of a drain (`prepare_drain`, see inbox.py) it creates the addresses the source
 will move, with the same plans and durable subscriptions, and issues the token that lets the
@@ -25,10 +29,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import structlog
-from enmasse.broker.catalog import Catalog
+from enmasse.amqp.selector import Selector, SelectorError, compile_selector
+from enmasse.broker.catalog import Catalog, CatalogData
 from enmasse.broker.entry import DEAD_LETTERED, EXPIRED, Entry, Removal
 from enmasse.broker.inbox import DrainTokens, InboxAddress, identity_problem
-from enmasse.broker.journal import Journal, Recovered
+from enmasse.broker.journal import DEAD_LETTER_HELD, Journal, Recovered
 from enmasse.broker.plan import Plan
 from enmasse.broker.queue import MemoryBudget, Queue
 from enmasse.broker.topic import Subscription, Topic
@@ -89,6 +94,7 @@ class Broker:
         self.dispatch_later: Callable[[Queue], None] | None = None
         self.recovered = Recovered()
         self.drain_tokens = DrainTokens()
+        self._holding: set[Queue] = set()  # queues holding dead letters with nowhere to go
 
     # ------------------------------------------------------------------ start
 
@@ -100,7 +106,8 @@ class Broker:
         for name, plan in data.topics.items():
             topic = self._new_topic(name, plan)
             for identity in data.durable_subscriptions.get(name, []):
-                topic.subscribe(identity=identity, durable=True)
+                selector = _recovered_selector(data, topic=name, identity=identity)
+                topic.subscribe(identity=identity, durable=True, selector=selector)
         if self.journal is None:
             return self.recovered
         self.recovered = self.journal.recover()
@@ -114,11 +121,17 @@ class Broker:
                     continue
                 entry = Entry(id=msg_id, payload=payload, journaled=True, expires_at=expires_at)
                 count = counts.get((queue_name, msg_id))
+                if count is not None and count[1] == DEAD_LETTER_HELD:
+                    entry.delivery_count = count[0]
+                    queue.hold_dead(entry)
+                    self._holding.add(queue)
+                    continue
                 if count is not None:
                     entry.delivery_count, entry.failed_attempts = count
                 queue.enqueue(entry)
             if queue is None:
                 log.warning("journal held messages of a queue that is gone", queue=queue_name)
+        self._rehome_dead_letters()
         self.journal.commit()
         return self.recovered
 
@@ -144,6 +157,8 @@ class Broker:
         self._catalog.put_queue(name, plan)
         if commit:
             self.commit_catalog()
+        if self._holding:
+            self._rehome_dead_letters()  # this may be the dead-letter queue they waited for
         return queue
 
     def ensure_topic(self, name: str, plan: Plan, *, commit: bool = True) -> Topic:
@@ -162,6 +177,8 @@ class Broker:
         self._catalog.put_topic(name, plan)
         if commit:
             self.commit_catalog()
+        if self._holding:
+            self._rehome_dead_letters()  # its plan may name a dead-letter queue that exists
         return topic
 
     def commit_catalog(self) -> None:
@@ -275,13 +292,40 @@ class Broker:
         sub = topic.subscriptions.get(identity) if topic else None
         return sub.queue if sub else None
 
-    def subscribe(self, topic_name: str, *, identity: str, durable: bool) -> Subscription:
+    def subscribe(
+        self,
+        topic_name: str,
+        *,
+        identity: str,
+        durable: bool,
+        selector: Selector | None = None,
+    ) -> Subscription:
+        """The subscription, created or resumed. A durable one resumed with another selector
+        is, as JMS says, a new subscription (what the old one held is gone), unless a consumer
+        is still attached to it (Conflict). One without a selector takes the subscriber's (a
+        subscription drained from another broker arrives without one; what it holds was
+        selected there)."""
         topic = self.topics.get(topic_name)
         if topic is None:
             raise NotFound(f"no topic {topic_name!r} on this broker")
-        sub, created = topic.subscribe(identity=identity, durable=durable)
+        text = selector.text if selector is not None else None
+        found = topic.subscriptions.get(identity)
+        if found is not None and found.selector_text != text:
+            if found.queue.consumer_count:
+                raise Conflict(
+                    f"subscription {identity!r} of {topic_name!r} has consumers with the "
+                    f"selector {found.selector_text!r}; it cannot change to {text!r} until "
+                    "they detach"
+                )
+            if found.selector is None:
+                found.selector = selector
+                self._catalog.add_subscription(topic_name, identity, selector=text)
+                self.commit_catalog()
+                return found
+            self.unsubscribe(topic_name, identity)
+        sub, created = topic.subscribe(identity=identity, durable=durable, selector=selector)
         if created and durable:
-            self._catalog.add_subscription(topic_name, identity)
+            self._catalog.add_subscription(topic_name, identity, selector=text)
             self.commit_catalog()
         return sub
 
@@ -382,16 +426,71 @@ class Broker:
             queue.dispatch(now_ms())
 
     def _removed(self, queue: Queue, entry: Entry, reason: Removal) -> None:
-        if entry.journaled and self.journal is not None:
-            self.journal.ack(msg_id=entry.id, queue=queue.name)
         if reason is DEAD_LETTERED:
-            self._move(
-                entry, from_queue=queue, to=queue.plan.dead_letter_address, why="dead letter"
-            )
-        elif reason is EXPIRED and queue.plan.expiry_address:
-            self._move(entry, from_queue=queue, to=queue.plan.expiry_address, why="expired")
+            self._dead_lettered(queue, entry)
+        else:
+            if entry.journaled and self.journal is not None:
+                self.journal.ack(msg_id=entry.id, queue=queue.name)
+            if reason is EXPIRED and queue.plan.expiry_address:
+                self._move(entry, from_queue=queue, to=queue.plan.expiry_address, why="expired")
         if self._room_waiters and self.budget.has_room():
             self._wake_room_waiters()
+
+    def _dead_lettered(self, queue: Queue, entry: Entry) -> None:
+        """To the dead-letter queue on this broker; held in its queue when there is none."""
+        if self._dead_letter_queue(queue) is None:
+            self._hold_dead(queue, entry)  # kept, and still journaled
+            return
+        if entry.journaled and self.journal is not None:
+            self.journal.ack(msg_id=entry.id, queue=queue.name)
+        self._move(entry, from_queue=queue, to=queue.plan.dead_letter_address, why="dead letter")
+
+    def _dead_letter_queue(self, queue: Queue) -> Queue | None:
+        """The queue on this broker that takes `queue`'s dead letters, or None."""
+        name = queue.plan.dead_letter_address
+        target = self.queues.get(name) if name else None
+        return target if target is not queue else None
+
+    def _hold_dead(self, queue: Queue, entry: Entry) -> None:
+        first = not queue.dead_letters_held
+        queue.hold_dead(entry)
+        self._holding.add(queue)
+        if entry.journaled and self.journal is not None:
+            self.journal.count(
+                msg_id=entry.id,
+                queue=queue.name,
+                delivery_count=entry.delivery_count,
+                failed=DEAD_LETTER_HELD,
+            )
+        if first:
+            log.warning(
+                "dead letters held in their queue: no dead-letter queue on this broker",
+                queue=queue.name,
+                dead_letter_address=queue.plan.dead_letter_address or None,
+            )
+
+    def _rehome_dead_letters(self) -> None:
+        """Moves held dead letters to their dead-letter queue where one now exists."""
+        for queue in list(self._holding):
+            if not queue.dead_letters_held or self.find_queue(queue.name) is not queue:
+                self._holding.discard(queue)  # drained, or the queue was deleted
+                continue
+            if self._dead_letter_queue(queue) is None:
+                continue
+            released = queue.release_dead()
+            self._holding.discard(queue)
+            for entry in released:
+                if entry.journaled and self.journal is not None:
+                    self.journal.ack(msg_id=entry.id, queue=queue.name)
+                self._move(
+                    entry, from_queue=queue, to=queue.plan.dead_letter_address, why="dead letter"
+                )
+            log.info(
+                "held dead letters moved",
+                queue=queue.name,
+                to=queue.plan.dead_letter_address,
+                messages=len(released),
+            )
 
     def _move(self, entry: Entry, *, from_queue: Queue, to: str, why: str) -> None:
         target = self.queues.get(to) if to else None
@@ -454,6 +553,17 @@ class Broker:
         """Group commit: one fsync for every journal record since the last one, then settle."""
         if self.journal is not None and self.journal.pending:
             self.journal.commit()
+
+
+def _recovered_selector(data: CatalogData, *, topic: str, identity: str) -> Selector | None:
+    text = data.subscription_selectors.get(topic, {}).get(identity)
+    if text is None:
+        return None
+    try:
+        return compile_selector(text)
+    except SelectorError as error:  # it compiled when it was stored: a newer, stricter parser
+        log.error("stored selector refused", topic=topic, subscription=identity, error=str(error))
+        return None
 
 
 def _deadline(now: int, ttl_ms: int | None, absolute_ms: int | None, default_ttl_ms: int) -> int:

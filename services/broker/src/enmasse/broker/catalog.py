@@ -1,5 +1,6 @@
 """The address catalog: which queues and topics this broker has, with their plans, and the durable
-subscriptions of each topic, kept in the data directory as a snapshot plus an append-only log.
+subscriptions of each topic (with their JMS selectors), kept in the data directory as a snapshot
+plus an append-only log.
 
 Changes flow in from BrokerAdmin, the start-up YAML and durable subscribers attaching, one small
 record each (`put_queue`, `drop_topic`, `add_subscription` ...); they are buffered until `commit()`,
@@ -42,6 +43,7 @@ class CatalogData:
     queues: dict[str, Plan] = field(default_factory=dict)
     topics: dict[str, Plan] = field(default_factory=dict)
     durable_subscriptions: dict[str, list[str]] = field(default_factory=dict)  # topic -> ids
+    subscription_selectors: dict[str, dict[str, str]] = field(default_factory=dict)  # topic -> id
 
     @property
     def size(self) -> int:
@@ -87,18 +89,31 @@ def apply_record(data: CatalogData, record: dict[str, Any]) -> None:
     elif op == "topic-":
         data.topics.pop(record["name"], None)
         data.durable_subscriptions.pop(record["name"], None)
+        data.subscription_selectors.pop(record["name"], None)
     elif op == "sub":
         ids = data.durable_subscriptions.setdefault(record["topic"], [])
         if record["id"] not in ids:
             ids.append(record["id"])
+        _set_selector(data, record["topic"], record["id"], record.get("selector"))
     elif op == "sub-":
         ids = data.durable_subscriptions.get(record["topic"], [])
         if record["id"] in ids:
             ids.remove(record["id"])
         if not ids:
             data.durable_subscriptions.pop(record["topic"], None)
+        _set_selector(data, record["topic"], record["id"], None)
     else:
         raise CatalogError(f"unknown catalog record {op!r}")
+
+
+def _set_selector(data: CatalogData, topic: str, identity: str, selector: str | None) -> None:
+    selectors = data.subscription_selectors.setdefault(topic, {})
+    if selector is None:
+        selectors.pop(identity, None)
+    else:
+        selectors[identity] = selector
+    if not selectors:
+        data.subscription_selectors.pop(topic, None)
 
 
 def snapshot_text(data: CatalogData) -> str:
@@ -108,6 +123,9 @@ def snapshot_text(data: CatalogData) -> str:
             "topics": {k: v.to_dict() for k, v in sorted(data.topics.items())},
             "durable_subscriptions": {
                 k: sorted(v) for k, v in sorted(data.durable_subscriptions.items()) if v
+            },
+            "subscription_selectors": {
+                k: dict(sorted(v.items())) for k, v in sorted(data.subscription_selectors.items())
             },
         },
         indent=1,
@@ -120,6 +138,9 @@ def parse_snapshot(text: str) -> CatalogData:
         queues={k: Plan.from_dict(v) for k, v in raw.get("queues", {}).items()},
         topics={k: Plan.from_dict(v) for k, v in raw.get("topics", {}).items()},
         durable_subscriptions={k: list(v) for k, v in raw.get("durable_subscriptions", {}).items()},
+        subscription_selectors={
+            k: dict(v) for k, v in raw.get("subscription_selectors", {}).items()
+        },
     )
 
 
@@ -182,8 +203,12 @@ class Catalog:
     def drop_topic(self, name: str) -> None:
         self._change({"op": "topic-", "name": name})
 
-    def add_subscription(self, topic: str, identity: str) -> None:
-        self._change({"op": "sub", "topic": topic, "id": identity})
+    def add_subscription(self, topic: str, identity: str, *, selector: str | None = None) -> None:
+        """A durable subscription (again, with its JMS selector: the record sets it whole)."""
+        record: dict[str, Any] = {"op": "sub", "topic": topic, "id": identity}
+        if selector is not None:
+            record["selector"] = selector
+        self._change(record)
 
     def drop_subscription(self, topic: str, identity: str) -> None:
         self._change({"op": "sub-", "topic": topic, "id": identity})

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from enmasse.amqp.engine import Tls
+from enmasse.amqp.tls import mutual_tls
 from enmasse.broker.plan import Plan
 from enmasse.common.certificates import TlsFiles
 
@@ -38,8 +40,25 @@ class Settings:
     reap_interval: float = 0.25
     ports_file: Path | None = None
     tls: TlsFiles | None = None  # BrokerAdmin's mutual TLS (--tls-dir); None: plaintext
+    routers_only: bool = False  # a standard space's broker: its AMQP port serves its routers
+    # A brokered space's broker (--client-auth required): its AMQP port is its clients', who log
+    # in as the space's users (`clients.py`); with client_tls (--tls-cert, --tls-key) an amqps
+    # port too, on amqps_port.
+    client_endpoint: bool = False
+    client_tls: Tls | None = None
+    amqps_port: int = 5671
     queues: dict[str, Plan] = field(default_factory=dict)
     topics: dict[str, Plan] = field(default_factory=dict)
+
+    @property
+    def router_tls(self) -> Tls | None:
+        """The mutual TLS of a standard space's broker (--routers-only, with a certificate): its
+        AMQP port takes only peers with a client certificate its CA signed (the routers, and a
+        broker draining into it, which presents its own); None: plain AMQP (a brokered space's
+        broker, whose clients log in on that port, or a broker without a certificate)."""
+        if self.routers_only and self.tls is not None:
+            return mutual_tls(self.tls)
+        return None
 
 
 def load_addresses(path: Path) -> tuple[dict[str, Plan], dict[str, Plan]]:

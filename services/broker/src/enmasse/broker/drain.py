@@ -51,6 +51,7 @@ from enmasse.amqp.engine import (
     Link,
     Outcome,
     Timer,
+    Tls,
 )
 from enmasse.broker.broker import AddressError, Broker, NotFound, now_ms
 from enmasse.broker.entry import Entry
@@ -147,8 +148,10 @@ class Drain(ConnectionHandler):
         queues: list[Queue],
         token: str = "",
         after_change: object,
+        tls: Tls | None = None,
     ) -> Drain:
-        """(engine thread) Takes the queues over and dials the target; see `result`."""
+        """(engine thread) Takes the queues over and dials the target; see `result`. tls: the
+        target takes routers only (a standard space's broker): present our certificate."""
         drain = cls(engine=engine, broker=broker, queues=queues, after_change=after_change)
         if not queues:
             drain._done = True
@@ -157,7 +160,9 @@ class Drain(ConnectionHandler):
         for queue in queues:
             queue.hand_off = drain._pump_queue
         properties = {DRAIN_TOKEN_PROPERTY: token} if token else None
-        drain._conn = engine.connect(host=host, port=port, handler=drain, properties=properties)
+        drain._conn = engine.connect(
+            host=host, port=port, handler=drain, properties=properties, tls=tls
+        )
         drain._watch = engine.call_later(WATCH_SECONDS, drain._look_again)
         return drain
 
@@ -253,8 +258,8 @@ class Drain(ConnectionHandler):
             return
         if any(self._outstanding.values()):
             return
-        if any(q.depth or q.in_flight for q in self.queues):
-            return  # ready messages to move, or consumers still holding deliveries
+        if any(q.depth or q.in_flight or q.dead_letters_held for q in self.queues):
+            return  # messages to move (held dead letters too), or consumers holding deliveries
         self._end()
         log.info("drain complete", moved=self.moved, queues=[q.name for q in self.queues])
         self.result.set_result((self.moved, [q.name for q in self.queues]))

@@ -19,12 +19,22 @@ on that link alone; an address the address rule refuses (`address_problem`, the 
 service checks `spec.address` with) is refused at attach with amqp:invalid-field, never looked at
 again per message; the engine already closes connections that send garbage or go silent, and
 detaches links whose message exceeds the size limit (amqp:link:message-size-exceeded).
+A receiver's JMS selector (the `apache.org:selector-filter:string` source filter) is compiled
+once at attach (`enmasse.amqp.selector`; one that does not parse is refused with
+amqp:invalid-field and the parser's words): a queue consumer takes only what it selects, a
+topic subscription's queue receives only that; the attach echoes the filter in the source.
 
 A drain from another broker is an ordinary connection that presents a token from PrepareDrain
 (inbox.py) in its open frame: only such a connection may attach a sending link to a subscription
 queue (`<topic>::<identity>`; anyone else gets amqp:unauthorized-access), and its messages keep
 the delivery-count their header carries. The token is read once per connection, at its first
 sending link, and the per-message path of every other connection is untouched.
+
+A brokered space's broker is its space's client endpoint (`Endpoint.clients`, `clients.py`): its
+listeners check logins (plain port and amqps), each connection is admitted or turned away at
+open, and each attach is checked before the address is looked up (amqp:unauthorized-access or
+amqp:resource-limit-exceeded on that link alone); a new client access closes the links that lost
+their right (`revoke`). A standard space's broker has no `clients`: nothing of this runs there.
 """
 
 from __future__ import annotations
@@ -43,17 +53,21 @@ from enmasse.amqp.engine import (
     Link,
     Outcome,
     Timer,
+    Tls,
 )
 from enmasse.amqp.message_trace import MARK, flagged_unsampled
+from enmasse.amqp.selector import SelectorError, selector_of
+from enmasse.amqp.throttle import LoginThrottle
 from enmasse.amqp.wire import OUTCOME_ACCEPTED
-from enmasse.broker.broker import Broker, NotFound, now_ms
+from enmasse.broker.broker import Broker, Conflict, NotFound, now_ms
+from enmasse.broker.clients import ClientEndpoint
 from enmasse.broker.config import Settings
-from enmasse.broker.entry import Entry
+from enmasse.broker.entry import IN_FLIGHT, Entry
 from enmasse.broker.facts import message_facts
 from enmasse.broker.hops import TracedMessages
 from enmasse.broker.inbox import DRAIN_TOKEN_PROPERTY
 from enmasse.broker.journal import GroupCommitter
-from enmasse.broker.queue import ACCEPTED, Queue, Settlement
+from enmasse.broker.queue import ACCEPTED, MODIFIED, RELEASED, Queue, Settlement
 from enmasse.broker.topic import durable_identity
 from enmasse.resources.contracts import SUBSCRIPTION_SEPARATOR
 from enmasse.resources.validation import address_problem
@@ -65,6 +79,7 @@ NOT_FOUND = "amqp:not-found"
 NOT_IMPLEMENTED = "amqp:not-implemented"
 DECODE_ERROR = "amqp:decode-error"
 UNAUTHORIZED = "amqp:unauthorized-access"
+RESOURCE_LOCKED = "amqp:resource-locked"
 
 
 class Endpoint:
@@ -78,6 +93,14 @@ class Endpoint:
         self._to_dispatch: set[Queue] = set()
         self._reaper: Timer | None = None
         self.traced = TracedMessages()
+        # A brokered space's broker: who may log in and attach (None: it serves routers).
+        self.clients = (
+            ClientEndpoint(revoke=_revoke, is_queue=lambda a: broker.find_queue(a) is not None)
+            if settings.client_endpoint
+            else None
+        )
+        self._logins = self.clients.logins() if self.clients is not None else None
+        self._throttle = LoginThrottle()  # one count of failed logins for amqp and amqps
         broker.dispatch_later = self.dispatch_later
         self.committer = (
             GroupCommitter(
@@ -94,9 +117,26 @@ class Endpoint:
             handler_factory=lambda: BrokerConnection(self),
             max_message_size=self.settings.max_message_size,
             idle_timeout=self.settings.idle_timeout or None,
+            tls=self.settings.router_tls,  # a standard space's broker: its routers only
+            authenticator=self._logins,  # a brokered space's broker: its clients log in
+            throttle=self._throttle,
         )
         self._reaper = self.engine.call_later(self.settings.reap_interval, self._reap)
         return port
+
+    def listen_amqps(self, tls: Tls) -> int:
+        """A client endpoint's TLS port, beside the plain one: the same logins (PLAIN over TLS
+        whatever the plan says), the same throttle."""
+        return self.engine.listen(
+            host=self.settings.host,
+            port=self.settings.amqps_port,
+            handler_factory=lambda: BrokerConnection(self),
+            max_message_size=self.settings.max_message_size,
+            idle_timeout=self.settings.idle_timeout or None,
+            tls=tls,
+            authenticator=self._logins,
+            throttle=self._throttle,
+        )
 
     def schedule_commit(self) -> None:
         """At the end of this loop turn, hand what was journaled to the writer (if it is idle)."""
@@ -218,10 +258,20 @@ def settlement_of(delivery: Delivery, outcome: Outcome) -> Settlement:
     return Settlement.RELEASED  # released, or settled without an outcome
 
 
+def _no_longer_first_acquirer(queue: Queue, entry: Entry) -> None:
+    """A message about to be given back unchanged (released, modified) has still been acquired:
+    a header that says first-acquirer goes out again saying false (AMQP 1.0 §3.2.1). Rewritten
+    once, on its way back, not per delivery (a redelivery with a count > 0 gets a new header
+    anyway); an entry held by a consumer is the queue's, so `rewrite` counts its new size."""
+    if entry.state is IN_FLIGHT and codec.read_header(entry.payload).first_acquirer:
+        queue.rewrite(entry, codec.with_delivery_count(entry.payload, entry.delivery_count))
+
+
 class BrokerConnection(ConnectionHandler):
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
         self.broker = endpoint.broker
+        self.clients = endpoint.clients
         self.window = endpoint.settings.credit_window
         self.container_id = ""
         self._drain: bool | None = None  # a drain's connection; read at the first sender link
@@ -229,18 +279,48 @@ class BrokerConnection(ConnectionHandler):
     def on_connection_open(self, conn: Connection) -> None:
         self.container_id = conn.container_id or ""
         log.debug("connection opened", peer=conn.peer, container=self.container_id)
+        if self.clients is not None:
+            admitted = self.clients.admit(conn)
+            if isinstance(admitted, Condition):
+                log.info("connection refused", peer=conn.peer, user=conn.user, error=str(admitted))
+                conn.close(admitted)
 
     def on_connection_close(self, conn: Connection, error: Condition | None) -> None:
+        if self.clients is not None:
+            self.clients.forget(conn)
         if error is not None:
             log.info("connection closed", peer=conn.peer, error=str(error))
 
     # ------------------------------------------------------------------ attach / detach
 
     def on_link_attach(self, link: Link) -> None:
+        if self.clients is not None and self._client_refused(link, self.clients):
+            return
         if link.is_sender:
             self._attach_consumer(link)
         else:
             self._attach_producer(link)
+
+    @staticmethod
+    def _client_refused(link: Link, clients: ClientEndpoint) -> bool:
+        """A client endpoint's checks, before the address is looked up (its existence is not
+        told to whoever may not use it): True when the link was refused."""
+        terminus = link.source if link.is_sender else link.target
+        if terminus.dynamic or not link.address:
+            return False  # refused below: the broker needs an address
+        refusal = clients.attach_refusal(link, link.address)
+        if refusal is None:
+            return False
+        link.refuse(refusal)
+        return True
+
+    def revoke(self, link: Link, error: Condition) -> None:
+        """A new client access took the link's right away: it stops being a consumer or a
+        producer now (a durable subscription stays, as when its subscriber detaches) and is
+        closed with `error`; its detach later finds nothing left to do."""
+        self.on_link_detach(link, closed=False, error=error)
+        link.context = None
+        link.close(error)
 
     def _attach_producer(self, link: Link) -> None:
         address = link.address
@@ -302,6 +382,12 @@ class BrokerConnection(ConnectionHandler):
             return
         if self._refused_address(link, address):
             return
+        try:
+            # JMS selector (source filter): parsed once here, refused with the parser's words
+            selector = selector_of(source.filter)
+        except SelectorError as error:
+            link.refuse(Condition(INVALID_FIELD, str(error)))
+            return
         subscription = None
         if address in self.broker.topics:
             durable = source.durable > 0 and source.expiry_policy == "never"
@@ -313,8 +399,16 @@ class BrokerConnection(ConnectionHandler):
                 )
             else:
                 identity = f"{self.container_id}|{link.name}|{id(link):x}"
-            queue = self.broker.subscribe(address, identity=identity, durable=durable).queue
+            try:
+                subscribed = self.broker.subscribe(
+                    address, identity=identity, durable=durable, selector=selector
+                )
+            except Conflict as error:
+                link.refuse(Condition(RESOURCE_LOCKED, str(error)))
+                return
+            queue = subscribed.queue
             subscription = identity
+            selector = None  # the subscription filters what its queue receives
         else:
             found = self.broker.find_queue(address)
             if found is None:
@@ -328,7 +422,7 @@ class BrokerConnection(ConnectionHandler):
             subscription=subscription,
             traced=self.endpoint.traced,
         )
-        queue.add_consumer(consumer, browse=consumer.browse)
+        queue.add_consumer(consumer, browse=consumer.browse, selector=selector)
         link.context = consumer
         link.accept()
 
@@ -448,9 +542,19 @@ class BrokerConnection(ConnectionHandler):
             if entry.journaled:
                 self.endpoint.schedule_commit()  # the ack record
             return
+        settlement = settlement_of(delivery, outcome)
+        if (settlement is RELEASED or settlement is MODIFIED) and not entry.delivery_count:
+            _no_longer_first_acquirer(queue, entry)  # back unchanged, but it was acquired
         if outcome == Outcome.MODIFIED and delivery.undeliverable_here:
-            queue.refuse_here(consumer, entry, settlement_of(delivery, outcome))
+            queue.refuse_here(consumer, entry, settlement)
         else:
-            queue.settle(consumer, entry, settlement_of(delivery, outcome))
+            queue.settle(consumer, entry, settlement)
         queue.dispatch(now_ms())  # redeliver to whoever has credit
         self.endpoint.schedule_commit()  # dead letters may have moved
+
+
+def _revoke(link: Link, error: Condition) -> None:
+    """How a client access change closes a link (`ClientEndpoint`'s revoke)."""
+    handler = link.connection.handler
+    if isinstance(handler, BrokerConnection):
+        handler.revoke(link, error)

@@ -18,7 +18,9 @@ Record on disk: `<u32 body length><u32 crc32(body)><body>`; body starts with a t
   delivery-failed, its consumer gone), in the same group commit as whatever else happened then.
   Recovery applies the last COUNT of (message, queue), so the delivery-count a consumer sees and
   the max-delivery-attempts rule go on counting across a restart. Only redeliveries write it:
-  a message consumed at the first attempt costs nothing more.
+  a message consumed at the first attempt costs nothing more. Failed attempts DEAD_LETTER_HELD
+  (0xFFFFFFFF) mark a dead letter held in its queue (no dead-letter queue on the broker): it is
+  recovered held, not ready.
 
 Versioning: the type byte is the format's version. Types are only ever added, never changed, so
 a segment written by older code (ENQUEUE and ACK only) recovers unchanged; a type this code does
@@ -60,6 +62,8 @@ _COUNT = 3
 _SUFFIX = ".jnl"
 _MAX_RECORD = 1 << 30
 _U32 = 0xFFFFFFFF
+DEAD_LETTER_HELD = _U32
+"""A COUNT record's failed attempts for a dead letter held in its queue (see the docstring)."""
 
 
 @dataclass

@@ -4,6 +4,16 @@ Reads flags (and the optional --config YAML of queues and topics), recovers the 
 (catalog, then journal), opens the AMQP listener on the shared engine and the BrokerAdmin gRPC
 server on a thread of its own, writes the bound ports to --ports-file (JSON, written atomically:
 tests and `enmasse up` read it), and runs the engine loop on the main thread until SIGTERM/SIGINT.
+
+A standard space's broker is rendered with --routers-only: with its certificate (--tls-dir) its
+AMQP port speaks mutual TLS and takes only peers whose client certificate the same CA signed (the
+space's routers, a broker draining into it); a plain or anonymous client never reaches a queue
+behind the routers' back (`Settings.router_tls`).
+
+A brokered space's broker is rendered with --client-auth required: its AMQP port (and with
+--tls-cert/--tls-key an amqps port, --amqps-port, `amqps` in the ports file) is its clients', who
+log in as the space's users with what the storage-controller pushes (SetClientAccess, held in
+memory only: until the first push nobody gets in; `clients.py`).
 """
 
 from __future__ import annotations
@@ -19,14 +29,14 @@ import threading
 from pathlib import Path
 
 import structlog
-from enmasse.amqp.engine import Engine, settle_gc_for_message_loop
+from enmasse.amqp.engine import Engine, Tls, settle_gc_for_message_loop
 from enmasse.broker.admin import BrokerAdmin
 from enmasse.broker.broker import AddressError, Broker
 from enmasse.broker.config import Settings, load_addresses
 from enmasse.broker.drain import Drain
 from enmasse.broker.handler import Endpoint
 from enmasse.broker.queue import Queue
-from enmasse.common.certificates import BROKER, CONTROL_PLANE, tls_dir_files
+from enmasse.common.certificates import BROKER, CONTROL_PLANE, OPERATOR, tls_dir_files
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server
 from enmasse.common.tracing import configure_service_tracing
@@ -35,6 +45,8 @@ from enmasse.v1 import broker_pb2_grpc
 log = structlog.get_logger("enmasse.broker")
 
 PREPARE_DRAIN = "/enmasse.v1.BrokerAdmin/PrepareDrain"
+LIST_ADDRESSES = "/enmasse.v1.BrokerAdmin/ListAddresses"  # changes nothing: the operator may
+CLIENT_AUTH = ("anonymous", "required")
 
 
 def parse_settings(argv: list[str] | None) -> Settings:
@@ -56,7 +68,18 @@ def parse_settings(argv: list[str] | None) -> Settings:
         default=None,
         help="BrokerAdmin mTLS: tls.crt, tls.key, ca.crt (default $ENMASSE_TLS_DIR; none: plain)",
     )
+    p.add_argument(
+        "--routers-only",
+        action="store_true",
+        help="a standard space's broker: the AMQP port takes only its routers, over mutual TLS "
+        "with --tls-dir (a client certificate its CA signed is required)",
+    )
+    _client_arguments(p)
     args = p.parse_args(argv)
+    if args.routers_only and args.client_auth == "required":
+        p.error("--routers-only and --client-auth required: a broker serves routers or clients")
+    if (args.tls_cert is None) != (args.tls_key is None):
+        p.error("--tls-cert and --tls-key go together")
     queues, topics = load_addresses(args.config) if args.config else ({}, {})
     return Settings(
         host=args.host,
@@ -71,9 +94,27 @@ def parse_settings(argv: list[str] | None) -> Settings:
         reap_interval=args.reap_interval,
         ports_file=args.ports_file,
         tls=tls_dir_files(args.tls_dir),
+        routers_only=args.routers_only,
+        client_endpoint=args.client_auth == "required",
+        client_tls=Tls(cert_file=args.tls_cert, key_file=args.tls_key) if args.tls_cert else None,
+        amqps_port=args.amqps_port,
         queues=queues,
         topics=topics,
     )
+
+
+def _client_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of a brokered space's broker, whose AMQP port is its clients' own."""
+    p.add_argument(
+        "--client-auth",
+        choices=CLIENT_AUTH,
+        default="anonymous",
+        help="required: a brokered space's broker; clients log in as the space's users, as "
+        "the storage-controller pushes them (nobody before); anonymous (default): no check",
+    )
+    p.add_argument("--tls-cert", default=None, help="amqps certificate (PEM), with --tls-key")
+    p.add_argument("--tls-key", default=None, help="amqps private key (PEM)")
+    p.add_argument("--amqps-port", type=int, default=5671, help="amqps port (0: a free one)")
 
 
 def start_admin(*, settings: Settings, servicer: BrokerAdmin) -> int:
@@ -95,7 +136,10 @@ def start_admin(*, settings: Settings, servicer: BrokerAdmin) -> int:
             tls=settings.tls,
             caller_roles=(CONTROL_PLANE,),
             # A draining broker asks its target to prepare: the one call a broker may make.
-            method_roles={PREPARE_DRAIN: (CONTROL_PLANE, BROKER)},
+            method_roles={
+                PREPARE_DRAIN: (CONTROL_PLANE, BROKER),
+                LIST_ADDRESSES: (CONTROL_PLANE, OPERATOR),  # `enmasse status`
+            },
         )
         ready.append(running.port)
         started.set()
@@ -146,6 +190,11 @@ def main(argv: list[str] | None = None) -> None:
     engine = Engine(container_id=f"enmasse-broker-{os.getpid()}")
     endpoint = Endpoint(engine=engine, broker=broker, settings=settings)
     port = endpoint.listen()
+    if settings.routers_only and settings.router_tls is None:
+        log.warning("AMQP port for routers without TLS: anyone who reaches it gets in")
+    ports = {"amqp": port}
+    if settings.client_tls is not None:
+        ports["amqps"] = endpoint.listen_amqps(settings.client_tls)
 
     def start_drain(host: str, target_port: int, queues: list[Queue], token: str) -> Drain:
         return Drain.start(
@@ -156,16 +205,23 @@ def main(argv: list[str] | None = None) -> None:
             queues=queues,
             token=token,
             after_change=endpoint.schedule_commit,
+            tls=settings.router_tls,  # a standard space's target takes routers and brokers only
         )
 
-    servicer = BrokerAdmin(broker=broker, engine=engine, start_drain=start_drain, tls=settings.tls)
-    admin_port = start_admin(settings=settings, servicer=servicer)
+    servicer = BrokerAdmin(
+        broker=broker,
+        engine=engine,
+        start_drain=start_drain,
+        tls=settings.tls,
+        clients=endpoint.clients,
+    )
+    ports["admin"] = start_admin(settings=settings, servicer=servicer)
     if settings.ports_file is not None:
-        write_ports(settings.ports_file, {"amqp": port, "admin": admin_port, "pid": os.getpid()})
+        write_ports(settings.ports_file, {**ports, "pid": os.getpid()})
     log.info(
         "broker started",
-        amqp_port=port,
-        admin_port=admin_port,
+        **{f"{name}_port": number for name, number in ports.items()},
+        client_endpoint=settings.client_endpoint,
         recovered=recovered.count,
         corrupt_segments=recovered.corrupt_segments,
     )

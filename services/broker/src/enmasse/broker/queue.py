@@ -16,14 +16,36 @@ Why it is built so:
   nothing.
 - The queue never refuses a message: the memory limit is enforced upstream by withholding credit
   (`has_room`), so a producer waits and nothing is dropped.
-- A redelivered entry (its delivery count changed) is reported to `on_counted`, so the broker can
-  journal the new count of a durable one; an entry consumed at the first attempt never is.
+- The delivery-count a consumer sees counts deliveries that may have been processed (AMQP 1.0
+  §3.4): a release or a plain modified gives the entry back unchanged (§3.4.4); modified with
+  delivery-failed adds one and is a failed attempt, the only kind that counts towards the plan's
+  max delivery attempts and the dead-letter address (§3.4.5); a consumer that goes away holding
+  it adds one (it may have processed it) without a failed attempt. An entry whose count changed
+  is reported to `on_counted`, so the broker can journal the new count of a durable one; an
+  entry consumed at the first attempt, or only ever released, never is.
 - An entry settled modified with undeliverable-here remembers who refused it (`refused_by`) and
   waits in a list of its own, `_held_back`; dispatch offers it only to another consumer with
   credit (a new one, when no other is attached), so the list is looked at once per dispatch
   call while non-empty, never per message, and ordinary entries never carry the refusal.
 - While a drain owns the queue (`hand_off` set), `dispatch` hands the queue to the drain instead
   of to consumers: they get nothing new, and what they give back moves with the rest.
+- A dead letter the broker has nowhere to put (no dead-letter queue on this broker) is held
+  here (`hold_dead`): out of every dispatch structure, so it is never delivered again and costs
+  dispatch nothing, but counted in `bytes` and reported (`dead_letters_held`) until the broker
+  takes it out (`release_dead`) for its dead-letter queue, a drain moves it, or the queue is
+  deleted.
+- A consumer with a selector (JMS, `enmasse.amqp.selector`) takes only the entries it selects,
+  in order; the others stay where they are for the other consumers. A queue without one
+  dispatches exactly as above (`_selections` empty: the same loop). With one, dispatch goes
+  through `_dispatch_selective`: each selective consumer keeps the entries it has not looked at
+  yet (`Selection.waiting`, collected from the tail of the ready deque by id, since ids there
+  only grow) and looks at each entry once: one it does not select is dropped from its list
+  and never evaluated for it again, so a backlog nobody selects costs nothing per dispatch.
+  An entry it takes leaves a stale reference behind in the ready deque (skipped like any entry
+  that is no longer READY; the deque is rebuilt once stale references are half of it), and so
+  an entry that comes back to such a queue comes back as a fresh Entry (`_fresh`): every stale
+  reference to the old object sees it GONE, so nothing is delivered twice. Browsers with a
+  selector see only what it selects.
 """
 
 from __future__ import annotations
@@ -32,8 +54,10 @@ import enum
 import heapq
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
+from enmasse.amqp.selector import Selector
 from enmasse.broker.entry import (
     ACKED,
     DEAD_LETTERED,
@@ -61,9 +85,9 @@ class Settlement(enum.Enum):
     """A consumer's outcome, in the broker's terms (the handler maps AMQP outcomes onto these)."""
 
     ACCEPTED = "accepted"
-    RELEASED = "released"  # not processed: redeliver, delivery-count + 1, not a failed attempt
-    MODIFIED = "modified"  # modified without delivery-failed: like released, count unchanged
-    FAILED = "failed"  # modified(delivery-failed): a failed attempt, towards max attempts
+    RELEASED = "released"  # not processed: redeliver unchanged, delivery-count as it was
+    MODIFIED = "modified"  # modified without delivery-failed: like released
+    FAILED = "failed"  # modified(delivery-failed): delivery-count + 1, a failed attempt
     REJECTED = "rejected"  # poison: straight to the dead-letter address
 
 
@@ -84,6 +108,18 @@ class MemoryBudget:
     def has_room(self) -> bool:
         return not self.limit or self.used < self.limit
 
+
+@dataclass(eq=False)
+class Selection:
+    """A consumer's selector, and the entries it has not looked at yet (oldest first)."""
+
+    selector: Selector
+    waiting: deque[Entry] = field(default_factory=deque)
+    seen_id: int = 0  # every ready entry up to this id is in `waiting` or was looked at
+    passed_over: set[Entry] = field(default_factory=set)  # redelivered entries it does not select
+
+
+STALE_SLACK = 64  # stale references a deque may hold before it is worth rebuilding
 
 RemovedHook = Callable[["Queue", Entry, Removal], None]
 CountedHook = Callable[["Queue", Entry], None]
@@ -112,6 +148,10 @@ class Queue:
         self._browsers: dict[Consumer, int] = {}  # browser -> last id it saw
         self._in_flight: dict[Consumer, set[Entry]] = {}
         self._held_back: list[tuple[int, Entry]] = []  # heap by id: refused by some consumers
+        self._selections: dict[Consumer, Selection] = {}  # consumers with a selector
+        self._browsing: dict[Consumer, Selector] = {}  # browsers with a selector
+        self._returns_fresh = False  # set for good once a consumer had a selector: see `_fresh`
+        self._stale = 0  # entries taken out of the ready deque's middle since it was rebuilt
         self._rr = 0
         self.depth = 0  # READY entries
         self.bytes = 0  # READY + IN_FLIGHT payload bytes
@@ -120,6 +160,7 @@ class Queue:
         self.dequeued = 0
         self.expired = 0
         self.dead_lettered = 0
+        self._dead_held: list[Entry] = []  # dead letters with nowhere to go, oldest first
 
     # ------------------------------------------------------------------ producers
 
@@ -152,20 +193,31 @@ class Queue:
     def consumer_count(self) -> int:
         return len(self._consumers) + len(self._browsers)
 
-    def add_consumer(self, consumer: Consumer, *, browse: bool = False) -> None:
+    def add_consumer(
+        self, consumer: Consumer, *, browse: bool = False, selector: Selector | None = None
+    ) -> None:
+        """A consumer (or a browser); with a selector it sees only the entries that select."""
         if browse:
             self._browsers[consumer] = 0
-        else:
-            self._consumers.append(consumer)
-            self._in_flight[consumer] = set()
+            if selector is not None:
+                self._browsing[consumer] = selector
+            return
+        self._consumers.append(consumer)
+        self._in_flight[consumer] = set()
+        if selector is not None:
+            waiting = deque(entry for entry in self._ready if entry.state is READY)
+            self._selections[consumer] = Selection(selector, waiting, seen_id=self.last_id)
+            self._returns_fresh = True
 
     def remove_consumer(self, consumer: Consumer) -> None:
         """The consumer went away: what it held unsettled comes back (released, not failed)."""
         if self._browsers.pop(consumer, None) is not None:
+            self._browsing.pop(consumer, None)
             return
         if consumer not in self._in_flight:
             return
         self._consumers.remove(consumer)
+        self._selections.pop(consumer, None)
         for _, held in self._held_back:
             held.refused_by.discard(consumer)  # it will never ask again: do not keep it alive
         for entry in sorted(self._in_flight.pop(consumer), key=_by_id):
@@ -186,7 +238,10 @@ class Queue:
         if self._held_back and consumers:
             sent = self._place_held_back(consumers)
         if consumers and self.depth:
-            sent = self._dispatch_round_robin(consumers, now_ms)
+            if self._selections:
+                sent = self._dispatch_selective(consumers, now_ms)
+            else:
+                sent = self._dispatch_round_robin(consumers, now_ms)
         if self._browsers:
             self._dispatch_browsers(now_ms)
         return sent
@@ -219,6 +274,117 @@ class Queue:
         self._rr = i
         return sent
 
+    def _dispatch_selective(self, consumers: list[Consumer], now_ms: int) -> int:
+        """`_dispatch_round_robin` for a queue where some consumers have a selector: each
+        consumer in turn takes the next entry it may have; one that finds none sits out."""
+        n = len(consumers)
+        credits = [c.credit() for c in consumers]
+        selections = self._selections
+        in_flight = self._in_flight
+        i = self._rr % n
+        idle = 0
+        sent = 0
+        while self.depth and idle < n:
+            if credits[i] <= 0:
+                idle += 1
+                i = (i + 1) % n
+                continue
+            consumer = consumers[i]
+            selection = selections.get(consumer)
+            if selection is None:
+                entry = self._pop_ready(now_ms)
+            else:
+                entry = self._pop_selected(selection, now_ms)
+            if entry is None:
+                credits[i] = 0  # nothing for it now
+                idle += 1
+                i = (i + 1) % n
+                continue
+            idle = 0
+            credits[i] -= 1
+            entry.state = IN_FLIGHT
+            in_flight[consumer].add(entry)
+            consumer.deliver(entry)
+            sent += 1
+            i = (i + 1) % n
+        self._rr = i
+        return sent
+
+    def _pop_selected(self, selection: Selection, now_ms: int) -> Entry | None:
+        """The oldest ready entry the selection selects (redeliveries first), taken out of
+        the queue (depth counted down); None when it selects none of them."""
+        if self._returned:
+            entry = self._take_returned(selection, now_ms)
+            if entry is not None:
+                return entry
+        if self.last_id > selection.seen_id:
+            self._collect(selection)
+        waiting = selection.waiting
+        matches = selection.selector.matches
+        while waiting:
+            entry = waiting.popleft()
+            if entry.state is not READY:
+                continue  # taken by another consumer, expired, or came back as a fresh entry
+            if entry.expired(now_ms):
+                self.depth -= 1
+                self._remove(entry, EXPIRED)
+                continue
+            if matches(entry.payload):
+                self.depth -= 1
+                self._left_stale()  # its reference stays in the ready deque
+                return entry
+        return None
+
+    def _take_returned(self, selection: Selection, now_ms: int) -> Entry | None:
+        """The oldest redelivered entry the selection selects. Redeliveries are few: they are
+        looked at in id order each time, except those this selection already passed over."""
+        live = [item for item in self._returned if item[1].state is READY]
+        if len(live) != len(self._returned):
+            heapq.heapify(live)
+            self._returned = live
+            selection.passed_over.intersection_update(entry for _, entry in live)
+        passed_over = selection.passed_over
+        for _, entry in sorted(live, key=_by_key):
+            if entry in passed_over:
+                continue
+            if entry.expired(now_ms):
+                self.depth -= 1
+                self._remove(entry, EXPIRED)
+                continue
+            if selection.selector.matches(entry.payload):
+                self.depth -= 1
+                return entry  # its heap item is skipped from now on: no longer READY
+            passed_over.add(entry)
+        return None
+
+    def _collect(self, selection: Selection) -> None:
+        """Adds the entries that arrived since the selection last looked (the ready deque's
+        tail, newest first until an id it has seen) to what it has to look at."""
+        arrived: list[Entry] = []
+        seen = selection.seen_id
+        for entry in reversed(self._ready):
+            if entry.id <= seen:
+                break
+            arrived.append(entry)
+        arrived.reverse()
+        waiting = selection.waiting
+        waiting.extend(arrived)
+        selection.seen_id = self.last_id
+        if len(waiting) > 2 * self.depth + STALE_SLACK:
+            selection.waiting = deque(entry for entry in waiting if entry.state is READY)
+
+    def _left_stale(self) -> None:
+        """An entry was taken from the middle of the ready deque: rebuild the deque once such
+        stale references are half of it (each rebuild is paid for by that many takes)."""
+        self._stale += 1
+        if self._stale > STALE_SLACK and 2 * self._stale > len(self._ready):
+            self._ready = deque(entry for entry in self._ready if entry.state is READY)
+            self._stale = 0
+
+    def _selects(self, consumer: Consumer, entry: Entry) -> bool:
+        selection = self._selections.get(consumer)
+        return selection is None or selection.selector.matches(entry.payload)
+
     def _place_held_back(self, consumers: list[Consumer]) -> int:
         """Offers each refused entry, oldest first, to a consumer that did not refuse it."""
         waiting: list[tuple[int, Entry]] = []
@@ -228,7 +394,12 @@ class Queue:
             if entry.state is not READY:
                 continue  # expired, drained or deleted meanwhile
             taker = next(
-                (c for c in consumers if credits[c] > 0 and c not in entry.refused_by), None
+                (
+                    c
+                    for c in consumers
+                    if credits[c] > 0 and c not in entry.refused_by and self._selects(c, entry)
+                ),
+                None,
             )
             if taker is None:
                 waiting.append((key, entry))
@@ -258,12 +429,14 @@ class Queue:
         for browser, seen in list(self._browsers.items()):
             if browser.credit() <= 0 or seen >= self.last_id:
                 continue
+            selector = self._browsing.get(browser)
             for entry in self.snapshot():
                 if entry.id <= seen or entry.expired(now_ms):
                     continue
                 if browser.credit() <= 0:
                     break
-                browser.deliver(entry)
+                if selector is None or selector.matches(entry.payload):
+                    browser.deliver(entry)
                 self._browsers[browser] = entry.id
 
     def snapshot(self) -> list[Entry]:
@@ -299,7 +472,7 @@ class Queue:
                 self._return(entry, count=False)
                 self._counted(entry)
         else:
-            self._return(entry, count=settlement is RELEASED)
+            self._return(entry, count=False)  # released or modified: unchanged (AMQP 3.4.4)
 
     def refuse_here(self, consumer: Consumer, entry: Entry, settlement: Settlement) -> None:
         """Modified with undeliverable-here: like `settle` (FAILED or MODIFIED), but the entry
@@ -313,10 +486,20 @@ class Queue:
         refused.add(consumer)
         self.settle(consumer, entry, settlement)  # `_return` sees refused_by: held back
 
+    def rewrite(self, entry: Entry, payload: bytes) -> None:
+        """The same message with new bytes (a header field changed) while this queue holds it,
+        ready or in flight: its size counts from now on."""
+        grown = len(payload) - len(entry.payload)
+        entry.payload = payload
+        self.bytes += grown
+        self.budget.used += grown
+
     def _return(self, entry: Entry, *, count: bool) -> None:
         if count:
             entry.delivery_count += 1
             self._counted(entry)
+        if self._returns_fresh:
+            entry = _fresh(entry)
         entry.state = READY
         self.depth += 1
         if getattr(entry, "refused_by", None):
@@ -373,7 +556,33 @@ class Queue:
                 self.depth -= 1
                 entry.state = IN_FLIGHT
                 taken.append(entry)
+        # Held dead letters move too (a drain empties the queue); at the other end they are
+        # messages like the rest, and dead-letter again there, where a dead-letter queue is.
+        while self._dead_held and len(taken) < limit:
+            entry = self._dead_held.pop(0)
+            entry.state = IN_FLIGHT
+            taken.append(entry)
         return taken
+
+    def hold_dead(self, entry: Entry) -> None:
+        """Keeps a dead letter (already counted in `dead_lettered` and GONE for dispatch) that
+        has nowhere to go: held, in bytes, until `release_dead`."""
+        entry.state = GONE
+        self._dead_held.append(entry)
+        size = len(entry.payload)
+        self.bytes += size
+        self.budget.used += size
+
+    def release_dead(self) -> list[Entry]:
+        """Every held dead letter, oldest first, no longer counted here (it moves on)."""
+        released, self._dead_held = self._dead_held, []
+        for entry in released:
+            self._count_out(entry)
+        return released
+
+    @property
+    def dead_letters_held(self) -> int:
+        return len(self._dead_held)
 
     def finish_hand_off(self, entry: Entry) -> None:
         if entry.state is IN_FLIGHT:
@@ -399,12 +608,33 @@ class Queue:
                 self.on_removed(self, entry, DELETED)
                 gone += 1
             held.clear()
+        for entry in self._dead_held:
+            self._count_out(entry)
+            self.on_removed(self, entry, DELETED)
+            gone += 1
+        self._dead_held.clear()
         self._ready.clear()
         self._returned.clear()
         self._held_back.clear()
         self._expiring.clear()
+        for selection in self._selections.values():
+            selection.waiting.clear()
+            selection.passed_over.clear()
+        self._stale = 0
         self.depth = 0
         return gone
+
+
+def _fresh(entry: Entry) -> Entry:
+    """The same message as a new Entry; the old one is GONE for whoever still refers to it
+    (the ready deque's stale references, a selection's waiting list)."""
+    fresh = Entry(entry.id, entry.payload, entry.journaled, entry.expires_at, entry.delivery_count)
+    fresh.failed_attempts = entry.failed_attempts
+    refused = getattr(entry, "refused_by", None)
+    if refused is not None:
+        fresh.refused_by = refused
+    entry.state = GONE
+    return fresh
 
 
 def _by_id(entry: Entry) -> int:

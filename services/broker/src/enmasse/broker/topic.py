@@ -10,12 +10,17 @@ link carries the `shared` capability (several connections share one subscription
 subscription is private to its link and named after it; it vanishes when the link closes. The
 subscription queue's address is `<topic>::<identity>`, which keeps it apart from every queue name
 (the admin refuses `::` in names).
+
+A subscription may have a selector (the subscriber's JMS selector, `enmasse.amqp.selector`):
+its queue then receives only the messages it selects, evaluated once per message at publish;
+a subscription without one costs the fan-out nothing more than a None check.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from enmasse.amqp.selector import Selector
 from enmasse.broker.entry import Entry
 from enmasse.broker.plan import Plan
 from enmasse.broker.queue import CountedHook, MemoryBudget, Queue, RemovedHook
@@ -35,6 +40,11 @@ class Subscription:
     identity: str
     durable: bool
     queue: Queue
+    selector: Selector | None = None
+
+    @property
+    def selector_text(self) -> str | None:
+        return self.selector.text if self.selector is not None else None
 
 
 class Topic:
@@ -58,8 +68,11 @@ class Topic:
     def queue_name(self, identity: str) -> str:
         return f"{self.name}{SUBSCRIPTION_SEPARATOR}{identity}"
 
-    def subscribe(self, *, identity: str, durable: bool) -> tuple[Subscription, bool]:
-        """Returns the subscription, and whether it was created now (False: resumed)."""
+    def subscribe(
+        self, *, identity: str, durable: bool, selector: Selector | None = None
+    ) -> tuple[Subscription, bool]:
+        """Returns the subscription, and whether it was created now (False: resumed, with the
+        selector it has: changing it is the broker's decision, see `Broker.subscribe`)."""
         found = self.subscriptions.get(identity)
         if found is not None:
             return found, False
@@ -70,7 +83,7 @@ class Topic:
             on_removed=self._on_removed,
             on_counted=self._on_counted,
         )
-        created = Subscription(identity=identity, durable=durable, queue=queue)
+        created = Subscription(identity=identity, durable=durable, queue=queue, selector=selector)
         self.subscriptions[identity] = created
         return created, True
 
@@ -89,6 +102,9 @@ class Topic:
         entries: list[tuple[Queue, Entry]] = []
         persistent = durable and self.plan.persistent
         for sub in self.subscriptions.values():
+            selector = sub.selector
+            if selector is not None and not selector.matches(payload):
+                continue
             entry = Entry(
                 id=id,
                 payload=payload,

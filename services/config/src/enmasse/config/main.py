@@ -11,6 +11,10 @@ Access: with --auth (or --bootstrap-token-file, which implies it) every call mus
 store holds no usable admin token, so a fresh store is never open. Without either, the port is
 open: every caller may do everything, and the start says so loudly. The in-process GitOps sync
 always applies as its own identity, role `gitops`, whatever the mode.
+
+Transport: with --tls-dir the port speaks TLS only, with config's certificate, but asks callers
+for none: a call's credential is its token, and a tenant holds a token and the CA certificate,
+nothing else (`enmasse.common.serving`, `require_client_certificate`).
 """
 
 from __future__ import annotations
@@ -108,6 +112,7 @@ async def serve(args: argparse.Namespace) -> None:
     seeded = 0 if args.no_default_plans else await _until_store_answers(servicer.seed_default_plans)
     if seeded:
         log.info("stored the default plans", count=seeded)
+    await _until_store_answers(servicer.create_space_queues)
     if args.bootstrap_token_file:
         secret = _read_bootstrap(args.bootstrap_token_file)
         await _until_store_answers(lambda: bootstrap_admin(store, secret=secret, now=time.time()))
@@ -123,6 +128,7 @@ async def serve(args: argparse.Namespace) -> None:
         host=host or "127.0.0.1",
         port=int(port or 0),
         tls=tls_dir_files(args.tls_dir),
+        require_client_certificate=False,  # callers are known by their tokens
     )
     log.info("serving", port=running.port, etcd=args.etcd, prefix=args.prefix)
     sys.stdout.write(f"listening on {host}:{running.port}\n")

@@ -359,6 +359,27 @@ class ConfigServicer(config_pb2_grpc.ConfigServiceServicer):
         response = await self.apply(request)
         return sum(1 for r in response.results if r.action == config_pb2.ApplyResult.CREATED)
 
+    async def create_space_queues(self) -> int:
+        """Creates the dead-letter and expiry queues address spaces lack (a store written
+        before the config service created them with the space); how many it created."""
+
+        def compute(catalog: Catalog) -> tuple[Commit, list[writes.SpaceQueue]]:
+            return writes.plan_space_queues(catalog=catalog)
+
+        made, _ = await self._write(compute)
+        for queue in made:
+            where = queue.address.metadata
+            if queue.violations:
+                reason = "; ".join(str(v) for v in queue.violations)
+                log.warning(
+                    "space queue not created", space=where.space, why=queue.why, reason=reason
+                )
+            else:
+                log.info(
+                    "space queue created", space=where.space, address=where.name, why=queue.why
+                )
+        return sum(1 for queue in made if not queue.violations)
+
     # ------------------------------------------------------------ access tokens
 
     async def CreateToken(

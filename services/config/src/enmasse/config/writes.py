@@ -8,6 +8,14 @@ The catalog is only read, never changed: it is the service's shared cache.
 Nothing here touches the network, so every rule (compare-and-swap on resource_version, generation
 bookkeeping, password hashing, Apply's scope / prune / unchanged logic) is tested without etcd; the
 servicer only fetches the catalog, calls these and commits.
+
+Every create, update and Apply also gives each address space it touches the dead-letter and
+expiry queues that the plans of its addresses name and it lacks (`with_space_queues`,
+`enmasse.resources.dead_letters`), in the same transaction: the first queue of a plan that names
+`DLQ` is stored with the space's `DLQ` queue, whatever wrote it (the API, `enmasse apply`, the
+GitOps sync). A plan write touches every space; an address write its own space (an address that
+gave up such a string leaves a gap to fill too). A queue the rules refuse (a quota) refuses the
+write that needed it, or, in an Apply, comes back REFUSED beside the rest.
 """
 
 from __future__ import annotations
@@ -25,6 +33,12 @@ from enmasse.common.passwords import (
     verify_password,
 )
 from enmasse.config.store import Commit
+from enmasse.resources.dead_letters import (
+    NamedQueue,
+    named_queues,
+    queue_plan_for,
+    space_queue,
+)
 from enmasse.resources.kinds import (
     KINDS,
     SPACE_SCOPED_KINDS,
@@ -36,6 +50,7 @@ from enmasse.resources.kinds import (
     resource_of,
 )
 from enmasse.resources.validation import (
+    AddressIndex,
     Catalog,
     Violation,
     validate_batch,
@@ -98,7 +113,9 @@ def plan_create(obj: AnyObject, *, catalog: Catalog) -> tuple[Commit, AnyObject]
     if violations:
         raise refusal_of(violations)
     stored = created(desired)
-    return Commit(puts={key: stored}), stored
+    commit = Commit(puts={key: stored})
+    _refuse_unless_made(with_space_queues(commit, catalog=catalog))
+    return commit, stored
 
 
 def plan_update(obj: AnyObject, *, catalog: Catalog) -> tuple[Commit, AnyObject]:
@@ -111,7 +128,9 @@ def plan_update(obj: AnyObject, *, catalog: Catalog) -> tuple[Commit, AnyObject]
     if violations:
         raise refusal_of(violations)
     stored = updated(desired, existing=existing)
-    return Commit(puts={key: stored}), stored
+    commit = Commit(puts={key: stored})
+    _refuse_unless_made(with_space_queues(commit, catalog=catalog))
+    return commit, stored
 
 
 def plan_delete(key: Key, *, resource_version: int, catalog: Catalog) -> Commit:
@@ -310,6 +329,7 @@ def plan_apply(
             )
         )
     _prune_into(plan, pruned, catalog=catalog, after=after)
+    plan.results.extend(_space_queue_results(with_space_queues(plan.commit, catalog=catalog)))
     refusals = [r for r in plan.results if r.action == Action.REFUSED]
     if request.atomic and refusals:
         raise Refused(
@@ -432,3 +452,161 @@ def _key_in_scope(key: Key, space: str) -> bool:
     if not space:
         return kind in PLAN_KINDS
     return key_space == space or (kind == "AddressSpace" and name == space)
+
+
+# ---------------------------------------------------------------- the spaces' own queues
+
+
+@dataclass
+class SpaceQueue:
+    """A dead-letter or expiry queue a write gives a space: stored, or refused with why."""
+
+    address: AnyObject
+    why: str  # `the dead-letter address of address plan 'standard-small-queue'`
+    violations: list[Violation] = field(default_factory=list)
+
+
+def with_space_queues(
+    commit: Commit, *, catalog: Catalog, spaces: set[str] | None = None
+) -> list[SpaceQueue]:
+    """Adds to `commit` the queues the spaces it touches (or `spaces`) lack once it is done
+    (see the module docstring); returns them, the refused ones (not added) with their
+    violations."""
+    spaces = _touched_spaces(commit, catalog) if spaces is None else spaces
+    if not spaces:
+        return []
+    after: Catalog | None = None  # built only when something is missing: a copy costs
+    made: list[SpaceQueue] = []
+    for space in sorted(spaces):
+        for named, plan in _missing(space, commit=commit, catalog=catalog):
+            after = after if after is not None else _after(commit, catalog)
+            taken = {name for s, name in after.addresses if s == space}
+            desired = space_queue(space=space, named=named, plan=plan, taken=taken)
+            found = SpaceQueue(desired, named.describe())
+            found.violations = validate_resource(resource_of(desired), catalog=after)
+            if not found.violations:
+                stored = created(desired)
+                commit.puts[key_of(stored)] = stored
+                after.put(stored)
+                found.address = stored
+            made.append(found)
+    return made
+
+
+def plan_space_queues(*, catalog: Catalog) -> tuple[Commit, list[SpaceQueue]]:
+    """Every space's missing dead-letter and expiry queues, for a store written before the
+    config service created them with the space (it runs this once at start)."""
+    commit = Commit()
+    made = with_space_queues(commit, catalog=catalog, spaces=set(catalog.address_spaces))
+    return commit, made
+
+
+def _touched_spaces(commit: Commit, catalog: Catalog) -> set[str]:
+    gone = set(commit.emptied_spaces) | {k[2] for k in commit.deletes if k[0] == "AddressSpace"}
+    if any(key[0] in PLAN_KINDS for key in commit.puts):
+        return set(catalog.address_spaces) - gone | _put_spaces(commit)
+    spaces = _put_spaces(commit) | {key[1] for key in commit.puts if key[0] == "Address"}
+    return spaces - gone
+
+
+def _put_spaces(commit: Commit) -> set[str]:
+    return {key[2] for key in commit.puts if key[0] == "AddressSpace"}
+
+
+def _missing(space: str, *, commit: Commit, catalog: Catalog) -> list[tuple[NamedQueue, str]]:
+    """(named queue, queue plan) for each address the space's plans name and no address of the
+    space holds once `commit` is done; looked up without copying the catalog."""
+    address_space = commit.puts.get(("AddressSpace", "", space)) or catalog.address_spaces.get(
+        space
+    )
+    if address_space is None:
+        return []
+    plan_key = ("AddressSpacePlan", "", address_space.spec.plan)
+    space_plan = commit.puts.get(plan_key) or catalog.address_space_plans.get(plan_key[2])
+    plans: dict[str, resources_pb2.AddressPlan] = catalog.address_plans
+    changed_plans = {k[2]: o for k, o in commit.puts.items() if k[0] == "AddressPlan"}
+    if changed_plans:
+        plans = {**plans, **changed_plans}
+    index = catalog.address_index()
+    written = {k[2]: o for k, o in commit.puts.items() if k[0] == "Address" and k[1] == space}
+    deleted = {k[2] for k in commit.deletes if k[0] == "Address" and k[1] == space}
+    named = named_queues(_plans_used(space, index, written, deleted, catalog), plans)
+    if not named:
+        return []
+    queue_plan = queue_plan_for(space_plan, plans)
+    if queue_plan is None:
+        return []  # the rules refuse such a space plan; one stored before them creates none
+    missing = []
+    for address, queue in named.items():
+        holders = index.holders(space, address) - deleted - set(written)
+        holders |= {name for name, obj in written.items() if obj.spec.address == address}
+        if not holders:
+            missing.append((queue, queue_plan))
+    return missing
+
+
+def _plans_used(
+    space: str,
+    index: AddressIndex,
+    written: dict[str, AnyObject],
+    deleted: set[str],
+    catalog: Catalog,
+) -> set[str]:
+    """The address plans the space's addresses use once the commit is done."""
+    counts = index.plan_counts(space)
+    for name in deleted | set(written):
+        old = catalog.addresses.get((space, name))
+        if old is not None:
+            counts[old.spec.plan] -= 1
+    for address in written.values():
+        counts[address.spec.plan] = counts.get(address.spec.plan, 0) + 1
+    return {plan for plan, count in counts.items() if count > 0}
+
+
+def _after(commit: Commit, catalog: Catalog) -> Catalog:
+    """The catalog as it will be once `commit` is done."""
+    after = catalog.copy()
+    for key in commit.deletes:
+        after.remove(key)
+    for space in commit.emptied_spaces:
+        for s, name in [k for k in after.addresses if k[0] == space]:
+            after.remove(("Address", s, name))
+        for s, name in [k for k in after.messaging_users if k[0] == space]:
+            after.remove(("MessagingUser", s, name))
+    for obj in commit.puts.values():
+        after.put(obj)
+    return after
+
+
+def _refuse_unless_made(made: list[SpaceQueue]) -> None:
+    """A single write that needed a queue the rules refuse is refused, saying which and why."""
+    refused = [q for q in made if q.violations]
+    if not refused:
+        return
+    first = refused[0]
+    space = first.address.metadata.space
+    refusal = refusal_of(first.violations)
+    raise Refused(
+        refusal.code,
+        f"address space '{space}' needs a queue for '{first.address.spec.address}', {first.why}, "
+        f"and it cannot be created: {refusal.message}",
+    )
+
+
+def _space_queue_results(made: list[SpaceQueue]) -> list[config_pb2.ApplyResult]:
+    results = []
+    for queue in made:
+        result = config_pb2.ApplyResult(
+            kind="Address",
+            ref=config_pb2.ObjectRef(
+                space=queue.address.metadata.space, name=queue.address.metadata.name
+            ),
+            action=Action.REFUSED if queue.violations else Action.CREATED,
+        )
+        if queue.violations:
+            result.message = (
+                f"the queue of '{queue.address.spec.address}', {queue.why}: "
+                + "; ".join(str(v) for v in queue.violations)
+            )
+        results.append(result)
+    return results

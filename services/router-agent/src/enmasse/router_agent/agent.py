@@ -5,8 +5,9 @@ storage-controller's placement, users' password hashes), the space's routers and
 `Directory` (`enmasse.resources.discovery`), and the routers' answers.
 What flows out: a RouterConfig pushed to every router of every space (same generation, peers =
 the others), Address status phase (Active / Configuring with why) and AddressSpace status
-(phase, amqp endpoints of its routers) written through the config service, and, given a GitOps
-output directory, each standard space's router workloads rendered there (`workloads`).
+(phase, the amqp and amqps endpoints of its routers) written through the config service, and,
+given a GitOps output directory, each standard space's router workloads rendered there
+(`workloads`).
 
 How it is built: one reconcile pass per wake-up (a store change, a router's connection lost or
 back, or a tick that rereads the directory and probes the routers). A pass is a pure
@@ -39,7 +40,8 @@ import grpc
 import structlog
 from enmasse.common.certificates import TlsFiles
 from enmasse.common.credentials import TokenSource, config_channel
-from enmasse.resources.discovery import Directory
+from enmasse.resources.client_access import endpoint_users
+from enmasse.resources.discovery import Directory, client_endpoints
 from enmasse.resources.informer import Informer
 from enmasse.resources.kinds import object_of
 from enmasse.router_agent.push import RouterSession
@@ -50,7 +52,6 @@ from enmasse.router_agent.routing import (
     address_routes,
     placements_of,
     readiness,
-    router_users,
     space_readiness,
     status_to_write,
 )
@@ -207,7 +208,9 @@ class RouterAgent:
         )
         sessions = await self._sessions(name, routers)
         ahead = max((s.ahead for s in sessions.values()), default=0)
-        users = router_users(object_of(r) for r in self.informer.list("MessagingUser", space=name))
+        users = endpoint_users(
+            object_of(r) for r in self.informer.list("MessagingUser", space=name)
+        )
         plan = self.informer.get("AddressSpacePlan", space.spec.plan)  # its quotas: the limits
         routing.update(
             routes=routes,
@@ -356,10 +359,7 @@ class RouterAgent:
         status.status.messages[:] = [verdict.message] if verdict.message else []
         status.status.observed_generation = space.metadata.generation
         del status.endpoints[:]
-        status.endpoints.extend(
-            resources_pb2.Endpoint(name="amqp", host=r.host, port=r.amqp_port)
-            for r in routing.routers
-        )
+        status.endpoints.extend(client_endpoints(routing.routers))
         if status == space.status:
             return 0
         request = config_pb2.UpdateAddressSpaceStatusRequest(

@@ -24,9 +24,11 @@ Rules:
   connections and one user's connections split across its routers (ceil(max / routers) each),
   message size and links per connection as they are; a changed plan is a new generation;
 - the space's MessagingUsers go to every router as (username, stored scrypt hash, SCRAM keys,
-  authorization rules), so a router started with `--client-auth optional|required` checks SCRAM
-  and PLAIN logins and each logged-in user's attaches itself; a user added, removed, given a new
-  password or new rules is a new generation like a changed route; the plan's login policy
+  authorization rules: `enmasse.resources.client_access.endpoint_users`, which the
+  storage-controller pushes to a brokered space's broker too), so a router started with
+  `--client-auth optional|required` checks SCRAM and PLAIN logins and each logged-in user's
+  attaches itself; a user added, removed, given a new password or new rules is a new generation
+  like a changed route; the plan's login policy
   (`LoginPolicy`: ANONYMOUS? PLAIN without TLS?) goes with them, and a changed one is a new
   generation too;
 - an address is Active only when every router of its space runs a generation that includes its
@@ -235,30 +237,12 @@ def router_limits(quotas: resources_pb2.Quotas, *, routers: int) -> router_pb2.R
         max_connections_per_user=_share(quotas.max_connections_per_user, routers=routers),
         max_message_size=quotas.max_message_size,
         max_links_per_connection=quotas.max_links_per_connection,
+        max_sessions_per_connection=quotas.max_sessions_per_connection,
     )
 
 
 def _share(limit: int, *, routers: int) -> int:
     return -(-limit // max(routers, 1)) if limit > 0 else 0
-
-
-def router_users(users: Iterable[resources_pb2.MessagingUser]) -> tuple[router_pb2.RouterUser, ...]:
-    """The space's users as routers check them, by username, each with its authorization rules
-    as the MessagingUser says them; a user without a stored hash (none yet) cannot log in and is
-    left out."""
-    return tuple(
-        router_pb2.RouterUser(
-            username=u.spec.username,
-            password_hash=u.spec.password_hash,
-            scram_credentials=u.spec.scram_credentials,
-            authorization=[
-                router_pb2.RouterRule(addresses=rule.addresses, operations=rule.operations)
-                for rule in u.spec.authorization
-            ],
-        )
-        for u in sorted(users, key=lambda u: u.spec.username)
-        if u.spec.username and u.spec.password_hash
-    )
 
 
 def mesh_peers(*, router_id: str, routers: Sequence[RouterEndpoint]) -> list[router_pb2.MeshPeer]:

@@ -1,8 +1,9 @@
 """Router workloads rendered as Kubernetes manifests into the GitOps output.
 
 In: the standard address spaces (and how many routers each gets). Out: one YAML file per router,
-`<gitops-dir>/workloads/<space>/<router-id>.yaml`, holding a Service and a StatefulSet (one
-replica), beside the broker files the storage-controller renders into the same directory. In a
+`<gitops-dir>/workloads/<space>/<router-id>.yaml`, holding a Service, the cert-manager Certificate
+of the router's amqps port and a StatefulSet (one replica), beside the broker files the
+storage-controller renders into the same directory. In a
 cluster Argo CD applies the directory; locally the runtime reads the very same files and starts
 each router as `enmasse.resources.rendered_routers.local_router_command` says.
 
@@ -20,13 +21,18 @@ Kubernetes Secret `<space>-router-mesh` (key `secret`), created beside the outpu
 read-only; locally it is a file the runtime writes (`ensure_local_mesh_secret`). Neither is the
 router's certificate: every router mounts the Secret `enmasse-router-tls` (role `data-plane`,
 issued by cert-manager) and reads it through `$ENMASSE_TLS_DIR`; its RouterAdmin port then
-speaks mutual TLS, so readiness is the exec probe of `workload_files.health_probe`.
+speaks mutual TLS, so readiness is the exec probe of `workload_files.health_probe`, and so do
+its inter-router port (the secret's login inside the TLS) and its links to the space's brokers.
+Its clients' amqps port (5671, beside amqp 5672) presents a certificate of its own: the
+Certificate `<space>-<router-id>-amqps-tls` rendered in the same file (role `endpoint`, the
+router's Service names, issuer `enmasse-ca`), mounted at /etc/enmasse/tls.
 """
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +47,17 @@ from enmasse.resources.rendered_routers import (
     RouterWorkload,
 )
 from enmasse.resources.workload_files import (
+    AMQPS_PORT,
     ANNOTATION_ADMIN_PORT,
     ANNOTATION_AMQP_PORT,
+    ANNOTATION_AMQPS_PORT,
     LABEL_MANAGED_BY,
     LABEL_SPACE,
     ROUTER_TLS_SECRET,
+    amqps_container_arguments,
+    amqps_mount,
+    amqps_volume,
+    endpoint_certificate,
     health_probe,
     tls_env,
     tls_mounts,
@@ -65,8 +77,9 @@ def router_ids(count: int) -> list[str]:
 
 
 def render_router(workload: RouterWorkload, *, image: str = IMAGE) -> str:
-    """The Service and StatefulSet of one router, as YAML text."""
+    """The Service, amqps Certificate and StatefulSet of one router, as YAML text."""
     space, router_id, ports = workload.space, workload.router_id, workload.ports
+    name = f"{space}-{router_id}"
     labels = {
         "app.kubernetes.io/name": "router",
         "app.kubernetes.io/component": "router",
@@ -81,14 +94,17 @@ def render_router(workload: RouterWorkload, *, image: str = IMAGE) -> str:
         ANNOTATION_INTER_ROUTER_PORT: str(ports.inter_router),
         ANNOTATION_ADMIN_PORT: str(ports.admin),
     }
+    if ports.amqps is not None:
+        annotations[ANNOTATION_AMQPS_PORT] = str(ports.amqps)
     service = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": f"{space}-{router_id}", "labels": labels},
+        "metadata": {"name": name, "labels": labels},
         "spec": {
             "selector": selector,
             "ports": [
                 {"name": "amqp", "port": AMQP_PORT, "targetPort": "amqp"},
+                {"name": "amqps", "port": AMQPS_PORT, "targetPort": "amqps"},
                 {"name": "inter-router", "port": INTER_ROUTER_PORT, "targetPort": "inter-router"},
                 {"name": "admin", "port": ADMIN_PORT, "targetPort": "admin"},
             ],
@@ -97,9 +113,9 @@ def render_router(workload: RouterWorkload, *, image: str = IMAGE) -> str:
     stateful_set = {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": {"name": f"{space}-{router_id}", "labels": labels, "annotations": annotations},
+        "metadata": {"name": name, "labels": labels, "annotations": annotations},
         "spec": {
-            "serviceName": f"{space}-{router_id}",
+            "serviceName": name,
             "replicas": 1,
             "selector": {"matchLabels": selector},
             "template": {
@@ -108,9 +124,13 @@ def render_router(workload: RouterWorkload, *, image: str = IMAGE) -> str:
             },
         },
     }
+    certificate = endpoint_certificate(name, labels=labels)
     header = f"# Router {router_id} of address space {space}: rendered by {MANAGER}; do not edit.\n"
     return header + yaml.safe_dump_all(
-        [service, stateful_set], sort_keys=False, default_flow_style=False, explicit_start=True
+        [service, certificate, stateful_set],
+        sort_keys=False,
+        default_flow_style=False,
+        explicit_start=True,
     )
 
 
@@ -134,6 +154,7 @@ def _pod_spec(*, space: str, router_id: str, image: str) -> dict[str, Any]:
                 "secret": {"secretName": mesh_secret_name(space), "defaultMode": 0o440},
             },
             *tls_volumes(ROUTER_TLS_SECRET),
+            amqps_volume(f"{space}-{router_id}"),
         ],
         "containers": [
             {
@@ -147,14 +168,17 @@ def _pod_spec(*, space: str, router_id: str, image: str) -> dict[str, Any]:
                     f"--admin-port={ADMIN_PORT}",
                     f"--client-auth={CLIENT_AUTH}",
                     f"--mesh-secret-file={MESH_SECRET_DIR}/{MESH_SECRET_KEY}",
+                    *amqps_container_arguments(),
                 ],
                 "env": tls_env(),
                 "volumeMounts": [
                     {"name": "mesh-secret", "mountPath": MESH_SECRET_DIR, "readOnly": True},
                     *tls_mounts(),
+                    amqps_mount(),
                 ],
                 "ports": [
                     {"name": "amqp", "containerPort": AMQP_PORT},
+                    {"name": "amqps", "containerPort": AMQPS_PORT},
                     {"name": "inter-router", "containerPort": INTER_ROUTER_PORT},
                     {"name": "admin", "containerPort": ADMIN_PORT},
                 ],
@@ -177,11 +201,27 @@ def free_port() -> int:
 
 def fresh_ports(port: Callable[[], int] = free_port) -> LocalRouterPorts:
     chosen: list[int] = []
-    while len(chosen) < 3:  # the kernel may hand the same free port out twice
+    while len(chosen) < 4:  # the kernel may hand the same free port out twice
         candidate = port()
         if candidate not in chosen:
             chosen.append(candidate)
-    return LocalRouterPorts(amqp=chosen[0], inter_router=chosen[1], admin=chosen[2])
+    return LocalRouterPorts(
+        amqp=chosen[0], inter_router=chosen[1], admin=chosen[2], amqps=chosen[3]
+    )
+
+
+def kept_ports(
+    have: LocalRouterPorts | None, port: Callable[[], int] = free_port
+) -> LocalRouterPorts:
+    """A router's ports as rendered before (fresh ones for a new router); one rendered before
+    routers had an amqps port gets one, the others kept."""
+    if have is None:
+        return fresh_ports(port)
+    if have.amqps is not None:
+        return have
+    taken = {have.amqp, have.inter_router, have.admin}
+    amqps = next(p for p in iter(port, None) if p not in taken)
+    return replace(have, amqps=amqps)
 
 
 class RouterWorkloads(RenderedRouters):
@@ -199,7 +239,7 @@ class RouterWorkloads(RenderedRouters):
                 RouterWorkload(
                     space=space,
                     router_id=router_id,
-                    ports=have[router_id].ports if router_id in have else fresh_ports(),
+                    ports=kept_ports(have[router_id].ports if router_id in have else None),
                 )
             )
             for router_id in router_ids(self.routers_per_space)

@@ -32,6 +32,11 @@ from enmasse.router.points import ANYCAST, LinkState
 from enmasse.v1 import router_pb2, router_pb2_grpc
 
 SERVICE_NAME = "enmasse.v1.RouterAdmin"
+READS = tuple(
+    f"/{SERVICE_NAME}/{method}"
+    for method in ("GetConfig", "GetStats", "ListConnections", "ListLinks")
+)
+"""The calls that change nothing: the operator's certificate may make these (`enmasse status`)."""
 
 
 class AdminView:

@@ -4,10 +4,11 @@ In flows a `router_pb2.RouterConfig` (pushed by the router-agent, or by a test);
 `RouterConfig` that the router swaps in whole, or a `ConfigError` whose text names the address (or
 peer, or user) and the rule it broke. The users (username -> scrypt hash, and their SCRAM keys)
 and the space's login policy (anonymous? PLAIN without TLS?) are what the client listener checks
-logins against (`access.UserLogins`); the hashes and keys never leave the router again:
-`config_to_proto` (GetConfig) gives the names and rules only. Each user's authorization rules
-(`enmasse.resources.authorization`, checked here with the same `pattern_problem` the config
-service validates with) are what `forwarding.Router` checks that user's links against. Nothing
+logins against (`enmasse.amqp.logins.UserLogins`); the hashes and keys never leave the router
+again: `config_to_proto` (GetConfig) gives the names and rules only. Each user's authorization
+rules (validated by `enmasse.resources.client_access`, as a brokered space's broker validates
+the same users, with the `pattern_problem` the config service validates with) are what
+`forwarding.Router` checks that user's links against. Nothing
 is half-applied: a configuration either validates as a whole or is refused, and the router keeps
 running the one it had.
 
@@ -24,9 +25,10 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from enmasse.common.passwords import SCRAM_ITERATIONS, SCRAM_MECHANISMS, ScramKeys, is_password_hash
+from enmasse.common.passwords import ScramKeys
 from enmasse.resources import contracts
-from enmasse.resources.authorization import Rule, pattern_problem
+from enmasse.resources.authorization import Rule
+from enmasse.resources.client_access import UserError, client_users_from_proto
 from enmasse.v1 import router_pb2
 
 
@@ -91,6 +93,7 @@ class Limits:
     max_links_per_connection: int = 0
     idle_timeout_ms: int = 0
     max_connections_per_user: int = 0
+    max_sessions_per_connection: int = 0
 
 
 @dataclass(frozen=True)
@@ -142,15 +145,21 @@ def config_from_proto(message: router_pb2.RouterConfig, *, router_id: str) -> Ro
                     f"subscription '{route.address}' reads '{route.topic}', which is a "
                     f"{topic.distribution.value}, not a topic"
                 )
+    peers = _peers_from_proto(message.peers, router_id=router_id)
+    limits = _limits_from_proto(message.limits)
+    try:
+        clients = client_users_from_proto(message.users)
+    except UserError as error:
+        raise ConfigError(str(error)) from None
     return RouterConfig(
         generation=message.generation,
         space=message.space,
         addresses=addresses,
-        peers=_peers_from_proto(message.peers, router_id=router_id),
-        limits=_limits_from_proto(message.limits),
-        users=_users_from_proto(message.users),
-        rules={user.username: _rules_from_proto(user) for user in message.users},
-        scram={user.username: _scram_from_proto(user) for user in message.users},
+        peers=peers,
+        limits=limits,
+        users=clients.hashes,
+        rules=clients.rules,
+        scram=clients.scram,
         allow_anonymous=message.allow_anonymous,
         allow_plain_without_tls=message.allow_plain_without_tls,
     )
@@ -184,6 +193,7 @@ def config_to_proto(config: RouterConfig) -> router_pb2.RouterConfig:
             max_links_per_connection=config.limits.max_links_per_connection,
             idle_timeout_ms=config.limits.idle_timeout_ms,
             max_connections_per_user=config.limits.max_connections_per_user,
+            max_sessions_per_connection=config.limits.max_sessions_per_connection,
         ),
         # Hashes stay inside the router: an admin reading the config learns who, not how.
         users=[
@@ -292,6 +302,7 @@ def _limits_from_proto(limits: router_pb2.RouterLimits) -> Limits:
         "max_connections",
         "max_links_per_connection",
         "max_connections_per_user",
+        "max_sessions_per_connection",
     ):
         if getattr(limits, name) < 0:
             raise ConfigError(f"limit {name} must be >= 0, got {getattr(limits, name)}")
@@ -303,71 +314,5 @@ def _limits_from_proto(limits: router_pb2.RouterLimits) -> Limits:
         max_links_per_connection=limits.max_links_per_connection,
         idle_timeout_ms=limits.idle_timeout_ms,
         max_connections_per_user=limits.max_connections_per_user,
+        max_sessions_per_connection=limits.max_sessions_per_connection,
     )
-
-
-def _users_from_proto(users: Iterable[router_pb2.RouterUser]) -> dict[str, str]:
-    found: dict[str, str] = {}
-    for user in users:
-        if not user.username:
-            raise ConfigError("a user has an empty username")
-        if user.username in found:
-            raise ConfigError(f"user '{user.username}' is listed twice")
-        if not is_password_hash(user.password_hash):
-            raise ConfigError(
-                f"user '{user.username}' has no usable password hash "
-                "(expected scrypt$<n>$<r>$<p>$<salt>$<hash>)"
-            )
-        found[user.username] = user.password_hash
-    return found
-
-
-def _rules_from_proto(user: router_pb2.RouterUser) -> tuple[Rule, ...]:
-    """A user's rules, each with at least one valid pattern and one known operation."""
-    rules = []
-    for number, rule in enumerate(user.authorization, start=1):
-        where = f"user '{user.username}': rule {number}"
-        if not rule.addresses:
-            raise ConfigError(f"{where} names no address")
-        for pattern in rule.addresses:
-            if problem := pattern_problem(pattern):
-                raise ConfigError(f"{where}: {problem}")
-        if not rule.operations:
-            raise ConfigError(f"{where} names no operation")
-        for operation in rule.operations:
-            if operation not in contracts.OPERATIONS:
-                raise ConfigError(
-                    f"{where}: '{operation}' is not an operation "
-                    f"(one of {', '.join(contracts.OPERATIONS)})"
-                )
-        rules.append(Rule(addresses=tuple(rule.addresses), operations=frozenset(rule.operations)))
-    return tuple(rules)
-
-
-_KEY_SIZES = {"SCRAM-SHA-256": 32, "SCRAM-SHA-512": 64}
-
-
-def _scram_from_proto(user: router_pb2.RouterUser) -> dict[str, ScramKeys]:
-    """A user's SCRAM keys by mechanism: known mechanisms, enough iterations, keys of the
-    mechanism's digest size, each mechanism once."""
-    found: dict[str, ScramKeys] = {}
-    for credential in user.scram_credentials:
-        where = f"user '{user.username}': SCRAM credential {credential.mechanism!r}"
-        if credential.mechanism not in SCRAM_MECHANISMS:
-            raise ConfigError(f"{where}: not one of {', '.join(SCRAM_MECHANISMS)}")
-        if credential.mechanism in found:
-            raise ConfigError(f"{where} is listed twice")
-        if credential.iterations < SCRAM_ITERATIONS:
-            raise ConfigError(f"{where}: iterations must be >= {SCRAM_ITERATIONS}")
-        size = _KEY_SIZES[credential.mechanism]
-        keys = (credential.stored_key, credential.server_key)
-        if not credential.salt or any(len(key) != size for key in keys):
-            raise ConfigError(f"{where}: needs a salt and {size}-byte stored and server keys")
-        found[credential.mechanism] = ScramKeys(
-            mechanism=credential.mechanism,
-            salt=credential.salt,
-            iterations=credential.iterations,
-            stored_key=credential.stored_key,
-            server_key=credential.server_key,
-        )
-    return found

@@ -35,11 +35,13 @@ an attached Active broker for waypoints); deliveries that find every target with
 the address's pending queue, bounded by the credit the producers were given.
 
 Who may attach where: each client connection's record carries what its user may do
-(`permissions.Permissions`), checked once per link at attach (the answer stays with the link, so
-a named link's messages pay nothing), per new `to` on an anonymous relay link of a restricted
-user, and again for the live links of a user whose rules a new generation changed (those that
-lost their right are closed). A dynamic reply address is received from only on the connection
-that asked for it (`AddressPoint.creator`); anyone may send to one.
+(`enmasse.resources.permissions.Permissions`, the decision a brokered space's broker makes too),
+checked once per link at attach (the answer stays with the link, so a named link's messages pay
+nothing; a consumer that browses a queue, source distribution-mode `copy`, needs `view` or
+`recv`), per new `to` on an anonymous relay link of a restricted user, and again for the live
+links of a user whose rules a new generation changed (those that lost their right are closed).
+A dynamic reply address is received from only on the connection that asked for it
+(`AddressPoint.creator`); anyone may send to one.
 
 Everything here runs on the engine thread; nothing blocks.
 """
@@ -62,8 +64,10 @@ from enmasse.amqp.engine import (
     Outcome,
 )
 from enmasse.amqp.message_trace import MARK, flagged_unsampled
+from enmasse.amqp.selector import SelectorError, selector_of
 from enmasse.amqp.wire import OUTCOME_ACCEPTED, OUTCOME_NONE
 from enmasse.resources.authorization import RECV, SEND
+from enmasse.resources.permissions import Permissions, browses, logged_in_as
 from enmasse.router import windows
 from enmasse.router.addressing import (
     DYNAMIC,
@@ -73,12 +77,11 @@ from enmasse.router.addressing import (
     dynamic_owner,
     resolve,
 )
-from enmasse.router.config import RouterConfig
+from enmasse.router.config import Distribution, RouterConfig
 from enmasse.router.fanout import CopyQueue
 from enmasse.router.hops import traced_hop
 from enmasse.router.inter_router import MeshLinks
 from enmasse.router.mesh import LinkStateDatabase
-from enmasse.router.permissions import Permissions, logged_in_as
 from enmasse.router.points import (
     ANYCAST,
     BROKER_IN,
@@ -110,6 +113,8 @@ log = structlog.get_logger("enmasse.router")
 
 UNAUTHORIZED = "amqp:unauthorized-access"
 LIMIT_EXCEEDED = "amqp:resource-limit-exceeded"
+# What a `copy` consumer browses (the broker hands it copies and keeps the messages).
+BROWSABLE = frozenset({Distribution.QUEUE.value, Distribution.SUBSCRIPTION.value})
 # An anonymous sender's decisions per `to` are kept up to this many; then they start afresh
 # (a sender replying to many reply addresses must not grow the dict without end).
 MAX_SEND_DECISIONS = 1024
@@ -294,6 +299,16 @@ class Router:
         if isinstance(record, ConnectionRecord):
             self.connections.pop(record.id, None)
 
+    def client_session(self, conn: Connection, *, held: int) -> Condition | None:
+        """Why a client may not begin one more session on `conn` (holding `held`), or None."""
+        limit = self.config.limits.max_sessions_per_connection
+        if limit and held >= limit:
+            return Condition(
+                LIMIT_EXCEEDED,
+                f"too many sessions: this connection holds {held}, the space's limit is {limit}",
+            )
+        return None
+
     def client_attach(self, link: Link) -> None:
         if not isinstance(link.connection.context, ConnectionRecord):
             # Pipelined behind an open this router turned away (too many connections).
@@ -356,7 +371,8 @@ class Router:
             if not link.address:
                 link.refuse(Condition("amqp:not-found", "a consumer needs a source address"))
                 return
-            refusal = self._recv_refusal(record, link.address)
+            browse = browses(link.source.distribution_mode)  # `view` may do, on a queue
+            refusal = self._recv_refusal(record, link.address, browse=browse)
             if refusal is not None:
                 link.refuse(Condition(UNAUTHORIZED, refusal))
                 return
@@ -364,6 +380,13 @@ class Router:
                 resolution = resolve(link.address, config=self.config)
             except UnknownAddress as error:
                 link.refuse(Condition("amqp:not-found", str(error)))
+                return
+            try:
+                # A JMS selector is applied by the broker (the feed carries the filter); a bad
+                # one is refused here, at once, in the broker's words.
+                selector_of(link.source.filter)
+            except SelectorError as error:
+                link.refuse(Condition("amqp:invalid-field", str(error)))
                 return
         point = self._point(resolution)
         if link.source.dynamic:
@@ -418,9 +441,12 @@ class Router:
         user's rules say."""
         return dynamic_owner(address) is not None or permissions.may(SEND, address)
 
-    def _recv_refusal(self, record: ConnectionRecord, address: str) -> str | None:
-        """Why this connection may not receive from `address` (the description), or None. A
-        reply address is received from only on the connection that asked for it."""
+    def _recv_refusal(
+        self, record: ConnectionRecord, address: str, *, browse: bool = False
+    ) -> str | None:
+        """Why this connection may not receive from (`browse`: browse) `address` (the
+        description), or None. A reply address is received from only on the connection that
+        asked for it."""
         permissions = record.permissions
         if dynamic_owner(address) is not None:
             point = self.points.get(address)
@@ -430,9 +456,18 @@ class Router:
                     "connection that made it"
                 )
             return None
-        if not permissions.may(RECV, address):
-            return permissions.refusal(RECV, address)
-        return None
+        return permissions.receive_refusal(
+            address, browse=browse, is_queue=lambda: self._browsable(address)
+        )
+
+    def _browsable(self, address: str) -> bool:
+        """True for an address whose broker lets a `copy` consumer browse: a queue's, or a
+        subscription's (a topic's `copy` subscriber gets every message, as any subscriber)."""
+        try:
+            kind = resolve(address, config=self.config).kind
+        except UnknownAddress:
+            return False
+        return kind in BROWSABLE
 
     def _decide_send(self, link: Link, sends: dict[str, bool], to: str) -> bool:
         """An anonymous sender's first message to `to`: decided, and kept for the next ones."""
@@ -471,15 +506,21 @@ class Router:
             return 0
         if point is None or point.kind == DYNAMIC:
             return 0  # a reply address stays its connection's, whatever the rules
+        refusal: str | None = None
         if state.role is PRODUCER:
-            operation = SEND
+            if not permissions.may(SEND, point.address):
+                refusal = permissions.refusal(SEND, point.address)
         elif state.role is CONSUMER:
-            operation = RECV
+            refusal = permissions.receive_refusal(
+                point.address,
+                browse=browses(link.source.distribution_mode),
+                is_queue=lambda: point.kind in BROWSABLE,
+            )
         else:
             return 0
-        if permissions.may(operation, point.address):
+        if refusal is None:
             return 0
-        self._revoke(link, Condition(UNAUTHORIZED, permissions.refusal(operation, point.address)))
+        self._revoke(link, Condition(UNAUTHORIZED, refusal))
         return 1
 
     def _revoke(self, link: Link, error: Condition) -> None:

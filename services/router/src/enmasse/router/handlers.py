@@ -51,6 +51,9 @@ class ClientHandler(_Deliveries):
     def on_connection_close(self, conn: Connection, error: Condition | None) -> None:
         self.router.close_record(conn)
 
+    def on_session_begin(self, conn: Connection, *, held: int) -> Condition | None:
+        return self.router.client_session(conn, held=held)
+
     def on_link_attach(self, link: Link) -> None:
         self.router.client_attach(link)
 
@@ -94,7 +97,7 @@ class BrokerHandler(_Deliveries):
         self.router.broker_links.broker_open(self.session, conn)
 
     def on_connection_close(self, conn: Connection, error: Condition | None) -> None:
-        self.router.broker_links.broker_closed(self.session, conn)
+        self.router.broker_links.broker_closed(self.session, conn, error=error)
 
     def on_link_attach(self, link: Link) -> None:
         link.refuse(Condition("amqp:not-allowed", "a router takes no links from a broker"))

@@ -1,9 +1,10 @@
 """The router's side of the mesh: connections to the other routers of its space.
 
 What flows in: the configuration's peers (each pair of routers connects once: the greater
-router id dials the smaller, logging in with its router id and the space's mesh secret when the
-router has one; the listener has already checked the secret, here the peer must open with the id
-it logged in as), inter-router connections and their links, adverts from neighbours,
+router id dials the smaller, over mutual TLS with its certificate when it has one, logging in
+with its router id and the space's mesh secret when it has one; the listener has already checked
+the certificate and the secret, here the peer must open with the id it logged in as),
+inter-router connections and their links, adverts from neighbours,
 and deliveries that neighbours route to or through this router. What flows out: this router's
 advert, flooded to every neighbour whenever its neighbours or the addresses it has consumers for
 change (and every advert learnt, flooded on), the link-state database kept current (which the
@@ -15,17 +16,23 @@ Why links named after their destination: a delivery on `_mesh/to/r3/orders` need
 rewrite and no per-message lookup of where it is going; the receiving router reads the link's
 address once, at attach. A lost neighbour (its connection closed or reset, as when its process is
 killed) is dropped from this router's advert at once, and the routers that hear of it recompute
-their routes: the mesh converges in the time the adverts take to cross it.
+their routes: the mesh converges in the time the adverts take to cross it. A peer turned away
+before it became a neighbour (no certificate, one of another CA, plain TCP on the TLS port, a
+wrong secret), on either side, is logged as a warning naming it and the reason: a refusal does
+not heal by redialling, somebody has to look (once a minute per peer and reason: the refused
+router redials every second).
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from enmasse.amqp import codec
-from enmasse.amqp.engine import Condition, Connection, ConnectionHandler, Delivery, Link
+from enmasse.amqp.engine import Condition, Connection, ConnectionHandler, Delivery, Link, Tls
+from enmasse.amqp.throttle import peer_host
 from enmasse.router.access import MeshSecret, is_router_id
 from enmasse.router.config import MeshPeer
 from enmasse.router.core import ForwardingCore
@@ -46,6 +53,7 @@ from enmasse.router.points import (
     TRANSIT_IN,
     TRANSIT_OUT,
     TRANSIT_WINDOW,
+    UNREACHABLE,
     AddressPoint,
     ConnectionRole,
     LinkState,
@@ -53,6 +61,9 @@ from enmasse.router.points import (
     mesh_target,
 )
 from enmasse.router.windows import refill
+
+REFUSAL_QUIET_SECONDS = 60.0  # a refusal logged is not logged again for that peer so soon
+REFUSALS_REMEMBERED = 1024
 
 
 @dataclass(eq=False)
@@ -80,6 +91,10 @@ class MeshLinks:
         self._dialing: dict[str, int] = {}  # peer router id -> attempts so far
         # The space's shared secret (set by main before the engine runs); None: an open mesh.
         self.secret: MeshSecret | None = None
+        # This router's certificate and the CA its peers' must chain to (set by main, as the
+        # listener's); None: plain TCP.
+        self.tls: Tls | None = None
+        self._told: dict[tuple[str, str], float] = {}  # (peer, reason) -> when it was logged
 
     def sync_peers(self) -> None:
         wanted = {p.router_id: p for p in self.router.config.peers}
@@ -106,25 +121,25 @@ class MeshLinks:
             idle_timeout=self.router.idle_timeout,
             user=self.router.router_id if self.secret is not None else None,
             password=self.secret.value if self.secret is not None else None,
+            tls=self.tls,
         )
 
     def neighbor_open(self, conn: Connection, *, peer_id: str | None) -> None:
         if not peer_id or not is_router_id(peer_id) or peer_id == self.router.router_id:
-            conn.close(Condition("amqp:unauthorized-access", f"'{peer_id}' is not a router id"))
+            refusal = Condition("amqp:unauthorized-access", f"'{peer_id}' is not a router id")
+            self._turn_away(conn, refusal)
             return
         if self.secret is not None and conn.incoming and conn.user != peer_id:
             # The secret proves "a router of this space"; which one is the id it logged in as.
-            conn.close(
-                Condition(
-                    "amqp:unauthorized-access",
-                    f"logged in as router '{conn.user}' but opened as '{peer_id}'",
-                )
+            refusal = Condition(
+                "amqp:unauthorized-access",
+                f"logged in as router '{conn.user}' but opened as '{peer_id}'",
             )
+            self._turn_away(conn, refusal)
             return
         if peer_id in self.neighbors:
-            conn.close(
-                Condition("amqp:resource-locked", f"router '{peer_id}' is already connected")
-            )
+            refusal = Condition("amqp:resource-locked", f"router '{peer_id}' is already connected")
+            self._turn_away(conn, refusal)
             return
         self._dialing.pop(peer_id, None)
         self.router.open_connection(conn, role=ConnectionRole.INTER_ROUTER)
@@ -146,12 +161,9 @@ class MeshLinks:
         self, conn: Connection, *, expected: str | None, error: Condition | None = None
     ) -> None:
         self.router.close_record(conn)
-        if error is not None and error.name == "amqp:unauthorized-access":
-            # Wrong or missing mesh secret on one side: say so, it will not heal by redialling.
-            self.router.log.warning(
-                "inter-router login refused", peer=expected or conn.peer, error=error.description
-            )
         gone = next((n for n in self.neighbors.values() if n.connection is conn), None)
+        if gone is None and error is not None:
+            self._refused(conn, expected=expected, error=error)
         if gone is not None:
             del self.neighbors[gone.router_id]
             self.router.log.warning("router connection lost", peer=gone.router_id)
@@ -166,6 +178,41 @@ class MeshLinks:
                 self.router.engine.call_later(delay, lambda: self._dial_peer(peer))
             else:
                 self._dialing.pop(expected, None)
+
+    def _turn_away(self, conn: Connection, refusal: Condition) -> None:
+        self._refused(conn, expected=conn.container_id, error=refusal)
+        conn.close(refusal)
+
+    def _refused(self, conn: Connection, *, expected: str | None, error: Condition) -> None:
+        """A connection ended before it made a neighbour: says who and why, unless the peer was
+        merely unreachable (it is down or starting: redialling heals that)."""
+        if error.name == UNREACHABLE or not self._worth_telling(
+            expected or peer_host(conn.peer), error.description
+        ):
+            return
+        who = {"peer": expected or conn.peer, "address": conn.peer}
+        if conn.incoming and conn.user:
+            who["user"] = conn.user
+        if error.name == "amqp:unauthorized-access":
+            # Wrong or missing mesh secret, or a wrong identity, on one side.
+            self.router.log.warning("inter-router login refused", **who, error=error.description)
+        else:  # TLS: no certificate, one of another CA, plain TCP on the TLS port, ...
+            self.router.log.warning(
+                "inter-router connection refused",
+                **who,
+                condition=error.name,
+                error=error.description,
+            )
+
+    def _worth_telling(self, who: str, why: str) -> bool:
+        """Once a minute per peer and reason: a refused router redials every second."""
+        now = time.monotonic()
+        if now - self._told.get((who, why), -REFUSAL_QUIET_SECONDS) < REFUSAL_QUIET_SECONDS:
+            return False
+        if len(self._told) >= REFUSALS_REMEMBERED:
+            self._told.clear()  # a scan from many hosts must not grow the table without bound
+        self._told[(who, why)] = now
+        return True
 
     def attach(self, link: Link) -> None:
         """A neighbour attached a link to us: control, anycast transit or multicast."""

@@ -9,10 +9,17 @@ client can connect; otherwise the router-agent pushes one. SIGTERM / SIGINT stop
 The parts meet here: the `Router` gets its handler factory (`handlers.RouterHandlers`), whose
 handlers the listeners use too, and RouterAdmin its `AdminView` over the router.
 
-Who gets in (`access.py`): with --mesh-secret-file the inter-router port takes only routers that
-log in with the space's secret, and this router logs in to its peers with it; without one the
-mesh port is open to anyone who reaches it (a warning says so; tests and benches run so).
---client-auth says whether the client port checks logins against the configured users:
+Who gets in (`access.py`): with --tls-dir (the router's certificate: tls.crt, tls.key, ca.crt;
+`enmasse up` and cert-manager give every router one) the inter-router port speaks mutual TLS: it
+takes only peers whose client certificate that CA signed, and this router presents its own to
+its peers and to the brokers it dials, and verifies theirs. With --mesh-secret-file too (every
+rendered router), a peer must also log in with SASL PLAIN and the space's secret, inside the TLS:
+the certificate says "a router of this installation", the secret "of this space". Without
+--tls-dir the mesh runs over plain TCP, and without a secret the mesh port is open to anyone who
+reaches it (warnings say so; tests and benches run so). Refused peers are logged with who and why
+(`inter_router.py`).
+--client-auth says whether the client port checks logins against the configured users
+(`enmasse.amqp.logins.UserLogins`, as a brokered space's broker does):
 `anonymous` (no check at all, the default: tests and benches), `optional` (SCRAM and PLAIN checked
 when given, ANONYMOUS and PLAIN without TLS allowed) or `required` (what every rendered router
 runs: SCRAM, PLAIN over TLS, and ANONYMOUS or PLAIN without TLS only when the space plan allows
@@ -35,13 +42,21 @@ import click
 import structlog
 from enmasse.amqp import sasl
 from enmasse.amqp.engine import Engine, Tls, settle_gc_for_message_loop
+from enmasse.amqp.logins import UserLogins
 from enmasse.amqp.throttle import LoginThrottle
-from enmasse.common.certificates import CONTROL_PLANE, TLS_DIR_ENV, TlsFiles, tls_dir_files
+from enmasse.amqp.tls import mutual_tls
+from enmasse.common.certificates import (
+    CONTROL_PLANE,
+    OPERATOR,
+    TLS_DIR_ENV,
+    TlsFiles,
+    tls_dir_files,
+)
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import start_server
 from enmasse.common.tracing import configure_service_tracing
-from enmasse.router.access import MeshSecret, MeshSecretError, UserLogins, world_readable
-from enmasse.router.admin import SERVICE_NAME, AdminView, RouterAdminServicer
+from enmasse.router.access import MeshSecret, MeshSecretError, world_readable
+from enmasse.router.admin import READS, SERVICE_NAME, AdminView, RouterAdminServicer
 from enmasse.router.forwarding import Router
 from enmasse.router.handlers import RouterHandlers
 from enmasse.v1 import router_pb2, router_pb2_grpc
@@ -70,6 +85,7 @@ def _serve_admin(
             port=port,
             tls=tls,
             caller_roles=(CONTROL_PLANE,),  # the router-agent; routers and clients never
+            method_roles=dict.fromkeys(READS, (CONTROL_PLANE, OPERATOR)),  # `enmasse status`
         )
         bound.append(running.port)
         ready.set()
@@ -105,6 +121,30 @@ def _mesh_secret(path: Path | None) -> MeshSecret | None:
         raise click.BadParameter(str(error), param_hint="--mesh-secret-file") from None
 
 
+def _own_certificate(tls_dir: str | None) -> TlsFiles | None:
+    try:
+        return tls_dir_files(tls_dir)
+    except FileNotFoundError as error:  # half a certificate must not fall back to plain TCP
+        raise click.BadParameter(str(error), param_hint="--tls-dir") from None
+
+
+def _warn_of_weak_mesh(*, internal_tls: Tls | None, secret_file: Path | None) -> None:
+    """Says so when the mesh is less than mutual TLS plus the space's secret."""
+    if internal_tls is None:
+        log.warning(
+            "inter-router port and broker links without TLS: peers are not authenticated "
+            "by certificate and the mesh travels in clear",
+            hint="pass --tls-dir",
+        )
+    if secret_file is None and internal_tls is None:
+        log.warning(
+            "inter-router port open: any peer that reaches it joins the mesh",
+            hint="pass --mesh-secret-file",
+        )
+    elif secret_file is not None and world_readable(secret_file):
+        log.warning("mesh secret file is readable by every user", path=str(secret_file))
+
+
 @click.command()
 @click.option("--router-id", required=True, help="This router's id in the mesh (no '/').")
 @click.option("--host", default="127.0.0.1", show_default=True)
@@ -137,7 +177,9 @@ def _mesh_secret(path: Path | None) -> MeshSecret | None:
     "--tls-dir",
     type=click.Path(file_okay=False),
     envvar=TLS_DIR_ENV,
-    help="RouterAdmin mTLS: tls.crt, tls.key, ca.crt (control-plane callers only); none: plain.",
+    help="This router's certificate (tls.crt, tls.key, ca.crt): mutual TLS on RouterAdmin "
+    "(control-plane callers; an operator certificate reads only), the inter-router mesh and the "
+    "links to brokers; none: plain.",
 )
 def main(
     router_id: str,
@@ -162,6 +204,8 @@ def main(
         raise click.BadParameter("must be non-empty and contain no '/'", param_hint="--router-id")
     tls = _client_tls(cert=tls_cert, key=tls_key)
     secret = _mesh_secret(mesh_secret_file)
+    own_certificate = _own_certificate(tls_dir)
+    internal_tls = mutual_tls(own_certificate) if own_certificate is not None else None
     configure_logging(service="router")
     configure_service_tracing(service="router")
     engine = Engine(container_id=router_id)
@@ -172,6 +216,8 @@ def main(
         idle_timeout=idle_timeout or None,
     )
     router.mesh_links.secret = secret
+    router.mesh_links.tls = internal_tls
+    router.broker_links.tls = internal_tls
     view = AdminView(router)
     if config_path:
         pushed = json_format.Parse(Path(config_path).read_text(), router_pb2.RouterConfig())
@@ -193,22 +239,18 @@ def main(
     ports = {"amqp": listen_for_clients(port=port)}
     if tls is not None:
         ports["amqps"] = listen_for_clients(port=amqps_port, tls=tls)
-    if mesh_secret_file is None:
-        log.warning(
-            "inter-router port open: any peer that reaches it joins the mesh",
-            hint="pass --mesh-secret-file",
-        )
-    elif world_readable(mesh_secret_file):
-        log.warning("mesh secret file is readable by every user", path=str(mesh_secret_file))
+    _warn_of_weak_mesh(internal_tls=internal_tls, secret_file=mesh_secret_file)
     ports["inter_router"] = engine.listen(
         host=host,
         port=inter_router_port,
         handler_factory=router.handlers.mesh,
         idle_timeout=idle_timeout or None,
-        # The mesh logs in with PLAIN and the space's secret (routers reach each other inside
-        # the space's network); ANONYMOUS is never offered there.
+        # Mutual TLS with the router's certificate (when it has one); inside it the mesh logs
+        # in with PLAIN and the space's secret, a second factor. ANONYMOUS is never offered
+        # there, nor PLAIN in clear once there is TLS.
+        tls=internal_tls,
         authenticator=(
-            sasl.Passwords(secret.admits, allow_plain_without_tls=True)
+            sasl.Passwords(secret.admits, allow_plain_without_tls=internal_tls is None)
             if secret is not None
             else None
         ),
@@ -224,7 +266,7 @@ def main(
             "port": admin_port,
             "bound": bound,
             "ready": ready,
-            "tls": tls_dir_files(tls_dir),
+            "tls": own_certificate,
         },
         name="router-admin",
         daemon=True,

@@ -5,8 +5,8 @@ go to, producers, deliveries waiting for credit, counters; for a dynamic reply a
 connection it belongs to). `LinkState`: what one link is to the router (its `Role`, its address
 point, and per role a few fields), kept in `link.context` so that every engine event finds it
 without a lookup. `ConnectionRecord`: a connection's id and counters, in `connection.context`,
-with what the connection's user may do (`permissions.Permissions`). The names of the router's own
-inter-router nodes live here too.
+with what the connection's user may do (`enmasse.resources.permissions.Permissions`). The names
+of the router's own inter-router nodes live here too.
 
 Plain data: the forwarding core (`forwarding`), the mesh side (`inter_router`) and the broker
 side (`waypoints`) read and change it; nothing here does I/O.
@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 
 from enmasse.amqp.engine import Connection, Delivery, Link
 from enmasse.resources.contracts import MESH_PREFIX
+from enmasse.resources.permissions import UNRESTRICTED, Permissions
 from enmasse.router.addressing import Resolution
 from enmasse.router.balancing import Balancer
 from enmasse.router.config import Distribution
 from enmasse.router.fanout import CopyQueue
-from enmasse.router.permissions import UNRESTRICTED, Permissions
 from enmasse.router.stats import AddressCounters
 
 # Credit a producer holds (topped up by half-windows as its deliveries move on). 250 starved a
@@ -45,6 +45,8 @@ PRODUCER_BYTES = 16 * 1024 * 1024
 TRANSIT_BYTES = 64 * 1024 * 1024
 CONTROL_WINDOW = 1000
 REDIAL_SECONDS = (0.1, 0.25, 0.5, 1.0)
+# The condition of a connection whose socket failed (peer down, connection reset): not a refusal.
+UNREACHABLE = "proton:io"
 SWEEP_SECONDS = 30.0
 
 MESH_CONTROL = f"{MESH_PREFIX}control"

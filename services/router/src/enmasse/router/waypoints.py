@@ -21,6 +21,12 @@ the link. A topic subscriber's link is named after the client's container id and
 carries the client's source terminus (durable, expiry policy, capabilities, filter), and every
 router connects to brokers with the same container id, so a durable subscriber that comes back,
 through any router of the mesh, finds its subscription.
+
+A router with a certificate (`--tls-dir`) dials its brokers over mutual TLS: it presents its
+certificate, which a standard space's broker requires (no one else reaches a broker's queues
+behind the routers' back), and verifies the broker's against the same CA. A broker that turns
+the router away is logged with the reason (again only when the reason changes: it is redialled
+after a back-off, as when it is down).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from enmasse.amqp.engine import (
     Outcome,
     Terminus,
     Timer,
+    Tls,
 )
 from enmasse.router.config import Waypoint
 from enmasse.router.core import ForwardingCore
@@ -44,6 +51,7 @@ from enmasse.router.points import (
     BROKER_IN,
     BROKER_OUT,
     REDIAL_SECONDS,
+    UNREACHABLE,
     AddressPoint,
     ConnectionRole,
     LinkState,
@@ -83,6 +91,7 @@ class BrokerSession:
     feed_retries: dict[Link, Reattach] = field(default_factory=dict)  # by client consumer
     redial: int = 0
     retired: bool = False
+    refusal: str = ""  # why the broker last turned us away, as logged (logged again on change)
 
     def forget_links(self) -> None:
         """The connection is gone: its links and their pending re-attaches with it."""
@@ -109,6 +118,9 @@ class BrokerLinks:
         # so this module need not import the handlers that wrap it.
         self._handler_for_broker = handler_for_broker
         self.sessions: dict[str, BrokerSession] = {}
+        # This router's certificate and the CA the brokers' must chain to (set by main); None:
+        # plain TCP.
+        self.tls: Tls | None = None
 
     def sync_targets(self, point: AddressPoint) -> None:
         """Sender links to every Active broker holding the address become its targets."""
@@ -328,11 +340,13 @@ class BrokerLinks:
             # through another router must find the same one.
             container_id=BROKER_CONTAINER_ID,
             idle_timeout=self.router.idle_timeout,
+            tls=self.tls,
         )
 
     def broker_open(self, session: BrokerSession, conn: Connection) -> None:
         session.open = True
         session.redial = 0
+        session.refusal = ""
         self.router.open_connection(conn, role=ConnectionRole.BROKER)
         self.router.log.info("broker connected", broker=session.waypoint.broker)
         for point in self.router.points.values():
@@ -343,17 +357,33 @@ class BrokerLinks:
                 self.open_feeds(consumer)
             self.router.grant_credit(point)
 
-    def broker_closed(self, session: BrokerSession, conn: Connection) -> None:
+    def broker_closed(
+        self, session: BrokerSession, conn: Connection, *, error: Condition | None
+    ) -> None:
         self.router.close_record(conn)
         was_open, session.open = session.open, False
         session.forget_links()
         if was_open:
             self.router.log.warning("broker connection lost", broker=session.waypoint.broker)
+        elif error is not None and error.name != UNREACHABLE:
+            self._turned_away(session, error)
         if session.retired or self.sessions.get(session.waypoint.broker) is not session:
             return
         delay = REDIAL_SECONDS[min(session.redial, len(REDIAL_SECONDS) - 1)]
         session.redial += 1
         self.router.engine.call_later(delay, lambda: self._dial(session))
+
+    def _turned_away(self, session: BrokerSession, error: Condition) -> None:
+        """The broker turned the connection away (TLS: no certificate, another CA; a login)."""
+        if error.description != session.refusal:
+            session.refusal = error.description
+            self.router.log.warning(
+                "broker refused the router",
+                broker=session.waypoint.broker,
+                address=f"{session.waypoint.host}:{session.waypoint.port}",
+                condition=error.name,
+                error=error.description,
+            )
 
     def link_detached(self, link: Link, *, error: Condition | None) -> None:
         """A broker link ended. Refused or ended by the broker while its connection lives on:

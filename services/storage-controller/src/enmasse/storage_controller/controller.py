@@ -1,9 +1,11 @@
 """The reconcile loop: declared addresses and plans in, brokers rendered and stocked, statuses out.
 
-In: the config service's resources through an `Informer` (addresses, address spaces, plans), the
+In: the config service's resources through an `Informer` (addresses, address spaces, plans, and
+messaging users with their secrets: this controller's identity is `controller`), the
 brokers' BrokerAdmin (found through a `Directory`, see `broker_endpoint`). Out: broker workloads
 in the GitOps output, queues and topics ensured (with their plan) on the brokers that hold them,
-messages drained off brokers that are leaving, and `status.brokers` (each broker `waiting` for
+messages drained off brokers that are leaving, a brokered space's client access on its broker,
+and `status.brokers` (each broker `waiting` for
 the address or not) / phase / messages of every Address.
 
 One pass over one space (`reconcile_space`), in this order, each step safe to repeat:
@@ -20,11 +22,21 @@ One pass over one space (`reconcile_space`), in this order, each step safe to re
    new broker, so a durable subscriber that comes back finds everything there; a `subscription`
    address's move is done with its topic's. A Draining broker with no moves left is dropped,
    and its file removed, so the runtime stops it;
-5. statuses: write what changed (compare-and-swap on the version seen; a lost race re-reads).
+5. statuses: write what changed (compare-and-swap on the version seen; a lost race re-reads),
+   with the dead letters the brokers count for each address (`statuses.dead_letters_of`).
+   Brokers count dead letters without telling anyone, so while nothing else happens every space
+   is passed over again every `figures_interval` to read them.
    A brokered space has no routers (its clients talk to its one broker), so here its addresses
    turn Active once the broker holds them, and its AddressSpace status turns Active with the
    broker's AMQP endpoint (from the directory: the broker's own ports file when there is one)
-   once the broker answers. Standard spaces' phases and endpoints are the router-agent's.
+   once the broker answers and holds the space's client access. Standard spaces' phases and
+   endpoints are the router-agent's.
+A brokered space's broker is the space's client endpoint: after step 3 each pass makes sure it
+holds the space's client access (its MessagingUsers with their hashes, SCRAM keys and rules, the
+plan's login policy and limits: `client_access.py`), pushed with SetClientAccess where it holds
+another version. The broker keeps it in memory only, so while nothing changes brokered spaces'
+brokers are asked every `access_check_interval` which version they hold, and a restarted one is
+pushed to again.
 A broker gets at most ENSURE_BUDGET ensure calls a pass (brokers side by side); the rest wait for
 the next pass, which follows at once, so thousands of new addresses get their statuses in slices
 instead of all at the end. A space whose pass left work undone (a broker not up yet, a drain to
@@ -38,8 +50,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import grpc
@@ -51,19 +64,31 @@ from enmasse.resources.discovery import LOOPBACK, BrokerEndpoint, Directory
 from enmasse.resources.informer import Informer
 from enmasse.resources.kinds import object_of
 from enmasse.resources.rendered_brokers import BrokerWorkload, GitOpsOutput, LocalPorts
+from enmasse.storage_controller.client_access import access_to_push, client_access
 from enmasse.storage_controller.gitops_writeback import WorkloadRepository, change_reasons
 from enmasse.storage_controller.placement import Placement, place
-from enmasse.storage_controller.statuses import address_status, recorded_placement, space_status
+from enmasse.storage_controller.statuses import (
+    address_status,
+    dead_letters_of,
+    recorded_placement,
+    space_status,
+)
 from enmasse.storage_controller.workloads import render_broker
 from enmasse.v1 import broker_pb2, broker_pb2_grpc, config_pb2, config_pb2_grpc, resources_pb2
 
 log = structlog.get_logger("enmasse.storage_controller")
 T = TypeVar("T")
 
-KINDS = ("AddressSpacePlan", "AddressPlan", "AddressSpace", "Address")
+KINDS = ("AddressSpacePlan", "AddressPlan", "AddressSpace", "Address", "MessagingUser")
 RPC_TIMEOUT = 5.0
 PROBE_TIMEOUT = 2.0
 DRAIN_TIMEOUT = 120.0
+# While nothing changes, how often brokered spaces' brokers are asked which client access they
+# hold (a restarted broker holds none, and lets nobody in until it gets it again).
+ACCESS_CHECK_INTERVAL = 2.0
+# While nothing changes, how often every space is passed over to read its brokers' dead-letter
+# counts into the addresses' statuses.
+FIGURES_INTERVAL = 5.0
 CONCURRENCY = 16
 ENSURE_BUDGET = 100
 # A broker that is not up yet is asked again every pass: gRPC's default reconnect back-off
@@ -98,6 +123,7 @@ class SpacePass:
     up: dict[str, broker_pb2.ListAddressesResponse] = field(default_factory=dict)
     settled: bool = True
     deferred: set[str] = field(default_factory=set)  # addresses left for the next pass
+    access: set[str] = field(default_factory=set)  # brokers holding the space's client access
 
 
 @dataclass
@@ -135,8 +161,13 @@ class StorageController:
         writeback: WorkloadRepository | None = None,
         token: TokenSource | None = None,
         tls: TlsFiles | None = None,
+        access_check_interval: float = ACCESS_CHECK_INTERVAL,
+        figures_interval: float = FIGURES_INTERVAL,
     ) -> None:
         self.config_target = config_target
+        self.figures_interval = figures_interval
+        self._figures_read = 0.0  # time.monotonic() of the last pass over every space
+        self.access_check_interval = access_check_interval
         self._token = token
         self._tls = tls  # this controller's certificate: to config and to every BrokerAdmin
         self.output = output
@@ -150,6 +181,7 @@ class StorageController:
             kinds=KINDS,
             token=token,
             tls=tls,
+            with_secrets=True,  # users' hashes and SCRAM keys, for brokered spaces' brokers
             on_added=self._changed,
             on_modified=self._changed,
             on_deleted=self._changed,
@@ -206,13 +238,47 @@ class StorageController:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.resync_interval)
             else:
-                await self._wake.wait()
+                await self._idle()
+                if not self._wake.is_set() and self._figures_due():
+                    self._dirty |= self._all_spaces()
+
+    async def _idle(self) -> None:
+        """Waits for the informer's next change. A brokered space's broker holds its clients'
+        access in memory only: while there are such spaces, every `access_check_interval` the
+        brokers are asked which access they hold, and a space whose broker holds another (it
+        restarted) is passed over again, which pushes it."""
+        brokered = self._brokered_spaces()
+        if not brokered:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.figures_interval)
+            return
+        try:
+            await asyncio.wait_for(self._wake.wait(), self.access_check_interval)
+        except TimeoutError:
+            self._endpoints.clear()
+            for space in brokered:
+                if await self._access_lost(space):
+                    self._dirty.add(space)
+
+    def _figures_due(self) -> bool:
+        """Whether it is time to read every space's dead-letter counts again."""
+        now = time.monotonic()
+        if now - self._figures_read < self.figures_interval:
+            return False
+        self._figures_read = now
+        return True
 
     def _changed(self, resource: resources_pb2.Resource) -> None:
         kind = resource.WhichOneof("kind")
         obj = object_of(resource)
         if kind == "address":
             spaces = {obj.metadata.space}
+        elif kind == "messaging_user":
+            # a brokered space's broker is told its users; a standard space's routers are the
+            # router-agent's business
+            space = self.informer.get("AddressSpace", obj.metadata.space)
+            brokered = space is not None and space.address_space.spec.type == "brokered"
+            spaces = {obj.metadata.space} if brokered else set()
         elif kind == "address_space":
             spaces = {obj.metadata.name}
         else:
@@ -227,6 +293,14 @@ class StorageController:
 
     def _wanted(self, space: str) -> bool:
         return not self.space_filter or space == self.space_filter
+
+    def _brokered_spaces(self) -> set[str]:
+        return {
+            r.address_space.metadata.name
+            for r in self.informer.list("AddressSpace")
+            if r.address_space.spec.type == "brokered"
+            and self._wanted(r.address_space.metadata.name)
+        }
 
     # ------------------------------------------------------------ one pass over one space
 
@@ -258,12 +332,14 @@ class StorageController:
         self._render(space, placement)
         self.placements[space] = placement
         found_pass = await self._ensure(space, placement, addresses, plans)
+        brokered = address_space.spec.type == "brokered"
+        if brokered:
+            await self._give_access(address_space, placement, found_pass)
         await self._delete_gone(space, found_pass)
         placement = await self._drain(space, placement, addresses, found_pass)
         if placement != self.placements[space]:
             self._render(space, placement)
             self.placements[space] = placement
-        brokered = address_space.spec.type == "brokered"
         await self._write_statuses(space, addresses, placement, found_pass, brokered=brokered)
         if brokered and not await self._write_space_status(address_space, placement, found_pass):
             found_pass.settled = False
@@ -291,13 +367,21 @@ class StorageController:
             p
             for ws in rendered.values()
             for w in ws.values()
-            for p in (w.ports.amqp, w.ports.admin)
+            for p in (w.ports.amqp, w.ports.admin, w.ports.amqps)
+            if p is not None
         }
+        found = self.informer.get("AddressSpace", space)
+        # A standard space's brokers take only its routers; a brokered space's serve its clients.
+        routers_only = found is None or found.address_space.spec.type != "brokered"
         texts = {}
         for broker_id, broker in placement.brokers.items():
             if broker_id not in ports:
                 ports[broker_id] = LocalPorts(self._fresh_port(taken), self._fresh_port(taken))
-            texts[broker_id] = render_broker(space=space, broker=broker, ports=ports[broker_id])
+            if not routers_only and ports[broker_id].amqps is None:  # its clients' TLS port
+                ports[broker_id] = replace(ports[broker_id], amqps=self._fresh_port(taken))
+            texts[broker_id] = render_broker(
+                space=space, broker=broker, ports=ports[broker_id], routers_only=routers_only
+            )
         changed = self.output.write_space(space, texts)
         if changed:
             log.info("broker workloads rendered", space=space, changed=changed)
@@ -473,6 +557,78 @@ class StorageController:
             self._channels[endpoint.admin] = channel
         return broker_pb2_grpc.BrokerAdminStub(channel)
 
+    # ------------------------------------------------------------ a brokered space's clients
+
+    def _client_access(self, address_space: resources_pb2.AddressSpace) -> broker_pb2.ClientAccess:
+        """The access the space's broker must hold now: its users, its plan's policy and limits."""
+        name = address_space.metadata.name
+        plan = self.informer.get("AddressSpacePlan", address_space.spec.plan)
+        return client_access(
+            space=name,
+            plan=plan.address_space_plan if plan is not None else None,
+            users=[r.messaging_user for r in self.informer.list("MessagingUser", space=name)],
+        )
+
+    async def _give_access(
+        self, address_space: resources_pb2.AddressSpace, placement: Placement, found: SpacePass
+    ) -> None:
+        """Every Active broker of a brokered space that answered holds the space's client access
+        after this (pushed where it held another: users or the plan changed, or it restarted);
+        `found.access` says which do."""
+        space = address_space.metadata.name
+        wanted = self._client_access(address_space)
+        for broker in placement.brokers.values():
+            listing = found.up.get(broker.id)
+            if broker.state != ACTIVE or listing is None:
+                continue
+            push = access_to_push(wanted, held=listing.client_access_version)
+            if push is None or await self._push_access(space, broker.id, push):
+                found.access.add(broker.id)
+            else:
+                found.settled = False
+
+    async def _push_access(
+        self, space: str, broker_id: str, access: broker_pb2.ClientAccess
+    ) -> bool:
+        stub = self._broker_stub(space, broker_id)
+        if stub is None:
+            return False
+        try:
+            await stub.SetClientAccess(access, timeout=RPC_TIMEOUT)
+        except grpc.aio.AioRpcError as error:
+            log.warning(
+                "client access not pushed",
+                space=space,
+                broker=broker_id,
+                code=error.code().name,
+                error=error.details(),
+            )
+            return False
+        log.info(
+            "client access pushed",
+            space=space,
+            broker=broker_id,
+            version=access.version[:12],
+            users=len(access.users),
+        )
+        return True
+
+    async def _access_lost(self, space: str) -> bool:
+        """True when an Active broker of the (brokered) space answers holding another access
+        than the space calls for: a pass must push it."""
+        found = self.informer.get("AddressSpace", space)
+        placement = self.placements.get(space)
+        if found is None or placement is None:
+            return False
+        wanted = self._client_access(found.address_space)
+        for broker in placement.brokers.values():
+            if broker.state != ACTIVE:
+                continue
+            listing = await self._list(space, broker.id)
+            if listing is not None and access_to_push(wanted, held=listing.client_access_version):
+                return True
+        return False
+
     # ------------------------------------------------------------ deleted addresses
 
     def _note_deletions(
@@ -642,15 +798,27 @@ class StorageController:
         brokered: bool,
     ) -> None:
         changes: list[Coroutine[Any, Any, None]] = []
+        addresses = list(addresses)
+        topics = {a.metadata.name: a.spec.address for a in addresses if a.spec.type == "topic"}
+        listed = {
+            broker: {a.name: a for a in listing.addresses} for broker, listing in found.up.items()
+        }
         for address in addresses:
-            if address.spec.type not in STORED_TYPES or address.metadata.name in found.deferred:
+            name = address.metadata.name
+            if address.spec.type not in STORED_TYPES or name in found.deferred:
                 continue
+            spec = address.spec
+            node = spec.address
+            if spec.type == "subscription":
+                node = f"{topics.get(spec.topic, spec.topic)}{SUBSCRIPTION_SEPARATOR}{node}"
+            brokers = (*placement.addresses.get(name, ()), *placement.moves.get(name, ()))
             desired = address_status(
                 address=address,
                 placement=placement,
-                ready=found.ready.get(address.metadata.name, set()),
-                refusal=found.refusals.get(address.metadata.name, ""),
+                ready=found.ready.get(name, set()),
+                refusal=found.refusals.get(name, ""),
                 brokered=brokered,
+                dead_letters=dead_letters_of(node, [listed.get(b) for b in brokers]),
             )
             if desired != address.status:
                 changes.append(self._write_status(address, desired))
@@ -704,7 +872,7 @@ class StorageController:
         desired = space_status(
             space=address_space,
             placement=placement,
-            amqp=self._answering_amqp(name, placement, found),
+            broker=self._answering_amqp(name, placement, found),
         )
         if desired == address_space.status:
             return True
@@ -744,13 +912,13 @@ class StorageController:
 
     def _answering_amqp(
         self, space: str, placement: Placement, found: SpacePass
-    ) -> tuple[str, int] | None:
-        """Where the space's broker takes AMQP clients, or None while it does not answer."""
+    ) -> BrokerEndpoint | None:
+        """Where the space's broker takes AMQP clients (amqp, and amqps), or None while it does
+        not answer or does not hold the space's client access yet (it would let nobody in)."""
         answering = sorted(
-            b.id for b in placement.brokers.values() if b.state == ACTIVE and b.id in found.up
+            b.id for b in placement.brokers.values() if b.state == ACTIVE and b.id in found.access
         )
-        endpoint = self._endpoint(space, answering[0]) if answering else None
-        return (endpoint.host, endpoint.amqp_port) if endpoint is not None else None
+        return self._endpoint(space, answering[0]) if answering else None
 
     async def _drop_config_channel(self) -> None:
         if self._config_channel is not None:
@@ -817,4 +985,5 @@ def broker_endpoint(
     workload = output.read_space(space).get(broker_id)
     if workload is None:
         return None
-    return BrokerEndpoint(broker_id, LOOPBACK, workload.ports.amqp, workload.ports.admin)
+    ports = workload.ports
+    return BrokerEndpoint(broker_id, LOOPBACK, ports.amqp, ports.admin, amqps_port=ports.amqps)

@@ -20,6 +20,12 @@ The rules (DESIGN §3):
 - a pooled broker pushed over capacity (a plan's credit grew) sheds its newest addresses, which
   are placed again; pooled brokers holding only queues are compacted when the pool holds more
   brokers than its credit needs, so deleting addresses lets a broker go;
+- a queue that is a dead-letter or expiry address (named by the plan of an address placed in the
+  space: the space's `DLQ`) is placed as any queue, and then also on every other broker holding
+  an address whose plan names it, so a broker always finds the dead-letter queue of what it
+  holds on itself (a broker moves a dead letter only on itself). Those extra brokers come after
+  its own in its placement; it takes no credit there and never makes a broker needed that was
+  not. A broker that no longer holds such an address is one the queue leaves (drained);
 - a broker that holds nothing and has nothing to hand over is dropped; one that still has
   messages to hand over stays, Draining, until the controller reports its moves done
   (`Placement.move_done`). Placement never decides a drain happened: the controller does,
@@ -90,6 +96,8 @@ class _Demand:
     type: str
     credit: float
     topic: str
+    address: str = ""
+    routes: tuple[str, ...] = ()  # the dead-letter and expiry addresses its plan names
 
 
 def place(
@@ -130,6 +138,7 @@ def place(
     for demand in [*stored, *subscriptions]:
         if demand.name not in packing.addresses:
             packing.put(demand, pending)
+    packing.follow(demands)
     return _finish(packing, pending=pending, existing={d.name for d in demands})
 
 
@@ -146,7 +155,9 @@ def _demands(
         if plan is None:
             pending[name] = f"address plan '{address.spec.plan}' not found"
             continue
-        demands.append(_Demand(name, address.spec.type, plan.spec.broker, address.spec.topic))
+        routes = tuple(r for r in (plan.spec.dead_letter_address, plan.spec.expiry_address) if r)
+        spec = address.spec
+        demands.append(_Demand(name, spec.type, plan.spec.broker, spec.topic, spec.address, routes))
     return demands, pending
 
 
@@ -196,8 +207,9 @@ class _Packing:
                 self._assign(demand, topic)
             return
         if self.brokered or _shards(demand.credit) == 0:
-            if len(old) == 1 and self._active(old[0], pooled=True):
-                self._assign(demand, old)
+            # its own broker comes first; a dead-letter queue's others are followed anew
+            if old and self._active(old[0], pooled=True):
+                self._assign(demand, old[:1])
             return
         owned = [b for b in old if self._active(b, pooled=False, owner=demand.name)]
         if owned:
@@ -296,6 +308,31 @@ class _Packing:
     def _active_count(self) -> int:
         # brokers that hold something: an idle one left from before is dropped at the end
         return sum(1 for n in self.count.values() if n)
+
+    # ------------------------------------------------------------ dead-letter queues
+
+    def follow(self, demands: Sequence[_Demand]) -> None:
+        """Places each placed queue that is a dead-letter or expiry address also on every Active
+        broker holding an address whose plan names it (after its own broker, without credit)."""
+        queues = {d.address: d.name for d in demands if d.type == "queue"}
+        extra: dict[str, list[str]] = {}
+        for demand in demands:
+            for route in demand.routes:
+                target = queues.get(route)
+                if target is not None and target != demand.name and target in self.addresses:
+                    extra.setdefault(target, []).extend(self.addresses.get(demand.name, ()))
+        for name, brokers in extra.items():
+            placed = self.addresses[name]
+            more = sorted(
+                {b for b in brokers if b not in placed and self._is_active(b)}, key=_id_order
+            )
+            self.addresses[name] = placed + tuple(more)
+            for b in more:
+                self.count[b] = self.count.get(b, 0) + 1
+
+    def _is_active(self, broker_id: str) -> bool:
+        broker = self.brokers.get(broker_id)
+        return broker is not None and broker.state == ACTIVE
 
     # ------------------------------------------------------------ compaction
 

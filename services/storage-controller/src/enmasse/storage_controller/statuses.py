@@ -20,7 +20,13 @@ Messages say the same for people, and are stable: `placed on broker(s) a, b`, th
 A brokered space has no routers: its clients talk to its one broker directly, so nobody else
 could ever say Active. Here an address is Active as soon as its broker holds it, and the
 AddressSpace status (`space_status`) is Active with the broker's AMQP port as its `amqp`
-endpoint once that broker answers; Configuring, saying what it waits for, until then.
+endpoint (and its TLS port as `amqps`) once that broker answers; Configuring, saying what it
+waits for, until then.
+
+The dead letters an address's brokers count (`dead_letters_of`, from their ListAddresses: how
+many of its messages became dead letters, how many are held in it for want of a dead-letter
+queue) go into the status too, summed over its brokers; while one of them does not answer, the
+status keeps the figures it has, so a blip does not rewrite it.
 
 And back: `recorded_placement` rebuilds a space's placement from what it wrote (the rendered
 brokers plus the addresses' `status.brokers`), so a restarted controller moves nothing.
@@ -29,11 +35,37 @@ brokers plus the addresses' `status.brokers`), so a restarted controller moves n
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 
 from enmasse.resources.contracts import ACTIVE, CONFIGURING, DRAINING, FAILED, PENDING
+from enmasse.resources.discovery import BrokerEndpoint, client_endpoints
 from enmasse.resources.rendered_brokers import BrokerWorkload
 from enmasse.storage_controller.placement import Placement
-from enmasse.v1 import resources_pb2
+from enmasse.v1 import broker_pb2, resources_pb2
+
+
+@dataclass(frozen=True)
+class DeadLetters:
+    """An address's dead letters, summed over its brokers (`AddressStatus.dead_lettered`,
+    `dead_letters_held`)."""
+
+    dead_lettered: int = 0
+    held: int = 0
+
+
+def dead_letters_of(
+    node: str, listings: Sequence[Mapping[str, broker_pb2.BrokerAddress] | None]
+) -> DeadLetters | None:
+    """The dead letters of broker node `node` (a queue or topic name, `<topic>::<name>` for a
+    subscription) on the brokers whose listings (by node name) are given; None when a broker
+    did not answer (None in `listings`) or there is none: the status keeps what it says."""
+    if not listings or any(listing is None for listing in listings):
+        return None
+    found = [listing[node] for listing in listings if listing is not None and node in listing]
+    return DeadLetters(
+        dead_lettered=sum(a.dead_lettered for a in found),
+        held=sum(a.dead_letters_held for a in found),
+    )
 
 
 def address_status(
@@ -43,6 +75,30 @@ def address_status(
     ready: Collection[str],
     refusal: str = "",
     brokered: bool = False,
+    dead_letters: DeadLetters | None = None,
+) -> resources_pb2.AddressStatus:
+    """The status to write (see the module docstring); `dead_letters` None keeps the figures
+    the status has."""
+    status = _placed_status(
+        address=address, placement=placement, ready=ready, refusal=refusal, brokered=brokered
+    )
+    now = address.status
+    figures = dead_letters or DeadLetters(now.dead_lettered, now.dead_letters_held)
+    if (status.dead_lettered, status.dead_letters_held) == (figures.dead_lettered, figures.held):
+        return status
+    out = resources_pb2.AddressStatus()
+    out.CopyFrom(status)  # `status` may be the address's own: never changed in place
+    out.dead_lettered, out.dead_letters_held = figures.dead_lettered, figures.held
+    return out
+
+
+def _placed_status(
+    *,
+    address: resources_pb2.Address,
+    placement: Placement,
+    ready: Collection[str],
+    refusal: str,
+    brokered: bool,
 ) -> resources_pb2.AddressStatus:
     name = address.metadata.name
     generation = address.metadata.generation
@@ -109,26 +165,25 @@ def space_status(
     *,
     space: resources_pb2.AddressSpace,
     placement: Placement,
-    amqp: tuple[str, int] | None,
+    broker: BrokerEndpoint | None,
 ) -> resources_pb2.AddressSpaceStatus:
-    """A brokered space's status: Active with its broker's `amqp` endpoint once the broker
-    answers (`amqp` is where it listens then, None while it does not answer)."""
+    """A brokered space's status: Active with its broker's `amqp` and `amqps` endpoints once
+    the broker answers (`broker` is where it listens then, None while it does not answer)."""
     generation = space.metadata.generation
     brokers = sorted(b.id for b in placement.brokers.values() if b.state == ACTIVE)
     if not brokers:
         return _space_status(
             CONFIGURING, ["no broker yet: the first address starts it"], generation=generation
         )
-    if amqp is None:
+    if broker is None:
         return _space_status(
             CONFIGURING, [f"waiting for broker: {brokers[0]}"], generation=generation
         )
-    host, port = amqp
     return _space_status(
         ACTIVE,
         [f"broker ready: {brokers[0]}"],
         generation=generation,
-        endpoints=[resources_pb2.Endpoint(name="amqp", host=host, port=port)],
+        endpoints=client_endpoints([broker]),
     )
 
 

@@ -14,7 +14,14 @@ runtime, `read_broker`): they are named, and read back, in `enmasse.resources.re
 what is the storage-controller's own here is the shape of the pod (image, ports, journal volume).
 Every broker mounts the Secret `enmasse-broker-tls` (role `broker`, issued by cert-manager) and
 reads it through `$ENMASSE_TLS_DIR`: BrokerAdmin speaks mutual TLS, so readiness is the exec
-probe of `workload_files.health_probe` (kubelet's grpc probe has no client certificate).
+probe of `workload_files.health_probe` (kubelet's grpc probe has no client certificate). A
+standard space's broker also runs `--routers-only`: its AMQP port speaks mutual TLS with that
+certificate and takes only the space's routers (their `enmasse-router-tls`, of the same CA); a
+brokered space's broker serves its clients on that port instead (`enmasse.io/serves`), with
+`--client-auth=required`: they log in as the space's users, which this controller pushes; and
+on amqps (5671) with a certificate of its own, the Certificate `<broker-id>-amqps-tls` rendered
+in the same file (role `endpoint`, the broker's Service names, issuer `enmasse-ca`), mounted at
+/etc/enmasse/tls.
 """
 
 from __future__ import annotations
@@ -25,18 +32,28 @@ import yaml
 from enmasse.resources.rendered_brokers import (
     ANNOTATION_KIND,
     ANNOTATION_OWNER,
+    ANNOTATION_SERVES,
     ANNOTATION_STATE,
+    CLIENT_AUTH,
     LABEL_BROKER,
     MANAGER,
+    SERVES_CLIENTS,
+    SERVES_ROUTERS,
     Broker,
     LocalPorts,
 )
 from enmasse.resources.workload_files import (
+    AMQPS_PORT,
     ANNOTATION_ADMIN_PORT,
     ANNOTATION_AMQP_PORT,
+    ANNOTATION_AMQPS_PORT,
     BROKER_TLS_SECRET,
     LABEL_MANAGED_BY,
     LABEL_SPACE,
+    amqps_container_arguments,
+    amqps_mount,
+    amqps_volume,
+    endpoint_certificate,
     health_probe,
     tls_env,
     tls_mounts,
@@ -50,19 +67,34 @@ DATA_DIR = "/var/lib/enmasse/broker"
 JOURNAL_SIZE = "1Gi"
 
 
-def render_broker(*, space: str, broker: Broker, ports: LocalPorts, image: str = IMAGE) -> str:
-    """The Service and StatefulSet of one broker, as YAML text."""
+def render_broker(
+    *,
+    space: str,
+    broker: Broker,
+    ports: LocalPorts,
+    image: str = IMAGE,
+    routers_only: bool = True,
+) -> str:
+    """The Service and StatefulSet of one broker, as YAML text; routers_only: a standard space's
+    broker (False: a brokered space's, whose AMQP and amqps ports serve the space's clients, with
+    the amqps Certificate rendered between the two)."""
     labels = _labels(space, broker.id)
     selector = {LABEL_SPACE: space, LABEL_BROKER: broker.id}
     annotations = {
         ANNOTATION_KIND: "pooled" if broker.pooled else "dedicated",
         ANNOTATION_OWNER: broker.owner,
         ANNOTATION_STATE: broker.state,
+        ANNOTATION_SERVES: SERVES_ROUTERS if routers_only else SERVES_CLIENTS,
         ANNOTATION_AMQP_PORT: str(ports.amqp),
         ANNOTATION_ADMIN_PORT: str(ports.admin),
     }
     if broker.pooled:
         del annotations[ANNOTATION_OWNER]
+    if not routers_only and ports.amqps is not None:
+        annotations[ANNOTATION_AMQPS_PORT] = str(ports.amqps)
+    client_ports = (
+        [] if routers_only else [{"name": "amqps", "port": AMQPS_PORT, "targetPort": "amqps"}]
+    )
     service = {
         "apiVersion": "v1",
         "kind": "Service",
@@ -71,6 +103,7 @@ def render_broker(*, space: str, broker: Broker, ports: LocalPorts, image: str =
             "selector": selector,
             "ports": [
                 {"name": "amqp", "port": AMQP_PORT, "targetPort": "amqp"},
+                *client_ports,
                 {"name": "admin", "port": ADMIN_PORT, "targetPort": "admin"},
             ],
         },
@@ -85,7 +118,7 @@ def render_broker(*, space: str, broker: Broker, ports: LocalPorts, image: str =
             "selector": {"matchLabels": selector},
             "template": {
                 "metadata": {"labels": labels},
-                "spec": _pod_spec(image),
+                "spec": _pod_spec(image, name=broker.id, routers_only=routers_only),
             },
             "volumeClaimTemplates": [
                 {
@@ -98,9 +131,13 @@ def render_broker(*, space: str, broker: Broker, ports: LocalPorts, image: str =
             ],
         },
     }
+    certificates = [] if routers_only else [endpoint_certificate(broker.id, labels=labels)]
     header = f"# Broker {broker.id} of address space {space}: rendered by {MANAGER}; do not edit.\n"
     return header + yaml.safe_dump_all(
-        [service, stateful_set], sort_keys=False, default_flow_style=False, explicit_start=True
+        [service, *certificates, stateful_set],
+        sort_keys=False,
+        default_flow_style=False,
+        explicit_start=True,
     )
 
 
@@ -115,7 +152,15 @@ def _labels(space: str, broker_id: str) -> dict[str, str]:
     }
 
 
-def _pod_spec(image: str) -> dict[str, Any]:
+def _pod_spec(image: str, *, name: str, routers_only: bool) -> dict[str, Any]:
+    # A standard space's broker serves its routers alone; a brokered space's, its clients, on
+    # amqps too (its own certificate).
+    serves = (
+        ["--routers-only"]
+        if routers_only
+        else [f"--client-auth={CLIENT_AUTH}", *amqps_container_arguments()]
+    )
+    client_port = [] if routers_only else [{"name": "amqps", "containerPort": AMQPS_PORT}]
     return {
         "securityContext": {
             "runAsNonRoot": True,
@@ -124,7 +169,10 @@ def _pod_spec(image: str) -> dict[str, Any]:
             "fsGroup": 10001,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "volumes": tls_volumes(BROKER_TLS_SECRET),
+        "volumes": [
+            *tls_volumes(BROKER_TLS_SECRET),
+            *([] if routers_only else [amqps_volume(name)]),
+        ],
         "containers": [
             {
                 "name": "broker",
@@ -134,9 +182,11 @@ def _pod_spec(image: str) -> dict[str, Any]:
                     f"--port={AMQP_PORT}",
                     f"--admin-port={ADMIN_PORT}",
                     f"--data-dir={DATA_DIR}",
+                    *serves,
                 ],
                 "ports": [
                     {"name": "amqp", "containerPort": AMQP_PORT},
+                    *client_port,
                     {"name": "admin", "containerPort": ADMIN_PORT},
                 ],
                 "readinessProbe": health_probe(ADMIN_PORT),
@@ -146,7 +196,11 @@ def _pod_spec(image: str) -> dict[str, Any]:
                     "capabilities": {"drop": ["ALL"]},
                 },
                 "env": tls_env(),
-                "volumeMounts": [{"name": "data", "mountPath": DATA_DIR}, *tls_mounts()],
+                "volumeMounts": [
+                    {"name": "data", "mountPath": DATA_DIR},
+                    *tls_mounts(),
+                    *([] if routers_only else [amqps_mount()]),
+                ],
             }
         ],
     }

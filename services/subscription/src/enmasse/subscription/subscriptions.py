@@ -17,7 +17,9 @@ names a broker that has the topic.
 
 Beside the look-ups, a loop follows the `subscription` Addresses: each, once placed, gets its
 shared durable subscription `<topic>::<address>` on its broker (an AMQP attach and detach, on a
-thread), which is the node routers attach its consumers to.
+thread), which is the node routers attach its consumers to. A standard space's broker takes only
+certificates of its CA on that port (`--routers-only`), so the attach presents this service's
+own, as its BrokerAdmin calls do.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from collections.abc import Callable
 import grpc
 import structlog
 from enmasse.amqp.client import AmqpError, Client
-from enmasse.amqp.engine import Terminus
+from enmasse.amqp.engine import Terminus, Tls
+from enmasse.amqp.tls import mutual_tls
 from enmasse.common.certificates import TlsFiles
 from enmasse.common.credentials import TokenSource, config_channel, peer_channel
 from enmasse.resources.discovery import BrokerEndpoint, Directory
@@ -328,7 +331,11 @@ class DurableSubscriptions:
         await self._ensure_topic(endpoint, topic)
         try:
             await asyncio.to_thread(
-                subscribe_durably, endpoint, topic=topic.spec.address, name=address.spec.address
+                subscribe_durably,
+                endpoint,
+                topic=topic.spec.address,
+                name=address.spec.address,
+                tls=mutual_tls(self._tls) if self._tls is not None else None,
             )
         except (AmqpError, OSError, TimeoutError) as error:
             raise Refusal(
@@ -398,11 +405,16 @@ def _location(
     )
 
 
-def subscribe_durably(endpoint: BrokerEndpoint, *, topic: str, name: str) -> None:
+def subscribe_durably(
+    endpoint: BrokerEndpoint, *, topic: str, name: str, tls: Tls | None = None
+) -> None:
     """Creates (or finds) the shared durable subscription `name` of `topic` on the broker: a
     receiver attaches with a durable, never-expiring, shared source and detaches (not closes),
-    which leaves the subscription collecting. Blocking: run it on a thread."""
-    with Client(endpoint.host, endpoint.amqp_port, container_id=CONTAINER_ID, timeout=10) as client:
+    which leaves the subscription collecting. tls: the broker's port is mutual TLS (a standard
+    space's broker with its certificate). Blocking: run it on a thread."""
+    with Client(
+        endpoint.host, endpoint.amqp_port, container_id=CONTAINER_ID, timeout=10, tls=tls
+    ) as client:
         receiver = client.receiver(
             topic,
             name=name,

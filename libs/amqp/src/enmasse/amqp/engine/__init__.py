@@ -3,8 +3,8 @@
 What flows in: bytes from sockets (listeners accept peers; `connect` dials out), calls from the
 process's own code (send, flow, settle, close, timers) and callables handed over from other threads
 (`call_soon_threadsafe`, `submit`, `call`: the asyncio/gRPC admin thread). What flows out: calls on
-a `ConnectionHandler` per connection (peer opened, link attached, message arrived, outcome
-came back, credit changed, link detached, connection closed) and bytes to the sockets.
+a `ConnectionHandler` per connection (peer opened, session begun, link attached, message arrived,
+outcome came back, credit changed, link detached, connection closed) and bytes to the sockets.
 
 Why it is built so: a router or broker written on proton's reactor (Container + MessagingHandler)
 spends most of its time creating Python wrapper objects and dispatching events, and tops out near

@@ -123,6 +123,13 @@ class ConnectionHandler:
         """The connection is over: closed by either side (error None when clean) or lost
         (peer killed, garbage bytes, idle timeout: error says which). Called exactly once."""
 
+    def on_session_begin(self, conn: Connection, *, held: int) -> Condition | None:
+        """The peer began a session on `conn`, which holds `held` others the peer began. None
+        (the default) answers the begin; a Condition refuses it: the session is answered and
+        ended at once with that error (the connection and its other sessions stay), and links
+        the peer attaches on it are never announced."""
+        return None
+
     def on_link_attach(self, link: Link) -> None:
         """The peer attached a link: call link.accept() or link.refuse(Condition(...)), now or
         later."""
@@ -366,6 +373,14 @@ class Link:
             self.target.address = address
         self.address = address
 
+    def limit_message_size(self, limit: int) -> None:
+        """Before accept(), on a link we receive on: messages over `limit` bytes detach it with
+        amqp:link:message-size-exceeded, when that is tighter than the listener's limit (0: no
+        change). The check is the one every receiving link already has: nothing per message."""
+        if not self.is_sender and limit > 0:
+            current = self._max_message_size
+            self._max_message_size = min(current, limit) if current else limit
+
     def accept(self) -> None:
         """Answers the peer's attach: mirrors its termini (with a dynamic address if set)."""
         ptr = self._ptr
@@ -528,7 +543,8 @@ class Connection:
         self._transport = lib.pn_transport()
         self._transport_address = address_of(self._transport)
         self._links: dict[int, Link] = {}
-        self._session: Any = None
+        self._session: Any = None  # the one we begin for the links we open
+        self._peer_sessions: set[int] = set()  # those the peer began and we answered, by pointer
         self._link_names = itertools.count(1)
         self._remote_opened = False
         self._reported = False

@@ -4,8 +4,8 @@ What flows in: socket readiness from the loop (`loop.Loop`, which `Engine` exten
 events, read from its collector by `amqp_hotpath.next_event`, and the public calls a process
 makes (listen, connect, shutdown; the loop's call_soon/call_later/submit/call/run/stop). What
 flows out: socket bytes into proton and out (`amqp_hotpath.read`/`write`), and the calls on each
-connection's `ConnectionHandler`: peer opened, link attached, message arrived, outcome came back,
-credit changed, link detached, connection closed.
+connection's `ConnectionHandler`: peer opened, session begun, link attached, message arrived,
+outcome came back, credit changed, link detached, connection closed.
 
 Why it is built so: this is the hottest code of a router or broker: every transfer and every
 outcome passes through `_process_events`, every socket read through `_read` and every write
@@ -55,6 +55,7 @@ from enmasse.amqp.wire import (
     Outcome,
     get_condition,
     read_terminus,
+    set_condition,
     string_of,
 )
 
@@ -369,9 +370,7 @@ class Engine(Loop[Connection, Listener]):
             if link is not None:
                 self._on_link_remote_end(link, closed=kind == _PN_LINK_REMOTE_CLOSE)
         elif kind == _PN_SESSION_REMOTE_OPEN:
-            session = ffi.cast("pn_session_t *", obj_address)
-            if lib.pn_session_state(session) & lib.PN_LOCAL_UNINIT:
-                lib.pn_session_open(session)
+            self._on_session_remote_open(conn, obj_address)
         elif kind == _PN_SESSION_REMOTE_CLOSE:
             self._on_session_remote_close(conn, ffi.cast("pn_session_t *", obj_address))
         elif kind == _PN_CONNECTION_REMOTE_OPEN:
@@ -404,12 +403,29 @@ class Engine(Loop[Connection, Listener]):
             return  # open-then-close in one go is how a peer refuses: only the close is news
         conn.handler.on_connection_open(conn)
 
+    def _on_session_remote_open(self, conn: Connection, session_address: int) -> None:
+        """The peer began a session (or answered one of ours): its handler says yes or no."""
+        session = ffi.cast("pn_session_t *", session_address)
+        if not lib.pn_session_state(session) & lib.PN_LOCAL_UNINIT:
+            return  # the peer's answer to ours
+        error = None
+        if lib.pn_connection_state(conn._ptr) & lib.PN_LOCAL_ACTIVE:  # not one being closed
+            error = conn.handler.on_session_begin(conn, held=len(conn._peer_sessions))
+        lib.pn_session_open(session)
+        if error is None:
+            conn._peer_sessions.add(session_address)
+            return
+        set_condition(lib.pn_session_condition(session), error)
+        lib.pn_session_close(session)
+
     def _on_link_remote_open(self, conn: Connection, link_address: int) -> None:
         link = self._links.get(link_address)
         if link is None:
             lptr = ffi.cast("pn_link_t *", link_address)
             if not lib.pn_link_state(lptr) & lib.PN_LOCAL_UNINIT:
                 return
+            if lib.pn_session_state(lib.pn_link_session(lptr)) & lib.PN_LOCAL_CLOSED:
+                return  # attached on a session we refused: it ends with the session
             link = Link(conn, lptr, peer_initiated=True)
             conn._links[link_address] = link
             self._links[link_address] = link
@@ -459,6 +475,7 @@ class Engine(Loop[Connection, Listener]):
         self._links.pop(address, None)
 
     def _on_session_remote_close(self, conn: Connection, session: Any) -> None:
+        conn._peer_sessions.discard(address_of(session))
         for link in list(conn._links.values()):
             if link._ptr is not None and lib.pn_link_session(link._ptr) == session:
                 self._on_link_remote_end(link, closed=False)
