@@ -135,7 +135,8 @@ def test_commits_drive_addresses_from_git_to_traffic(
     code, out, _status = sync(local_runtime, remote)
     assert code == 0, out
     assert f"{SPACE}: address/news pruned" in out
-    assert addresses(local_runtime) == {"orders"}
+    # The space's dead-letter queue is the space's own (created with its first queue), never pruned.
+    assert addresses(local_runtime) == {"orders", "dlq"}
 
     head = remote.commit(
         "a typo",
@@ -148,5 +149,5 @@ def test_commits_drive_addresses_from_git_to_traffic(
     assert refusal["file"].endswith(f"{tenants}/bad.yaml")
     assert refusal["line"] == 4
     assert refusal["reason"].startswith('unknown field "plann" in spec of Address')
-    assert addresses(local_runtime) == {"orders"}
+    assert addresses(local_runtime) == {"orders", "dlq"}
     assert round_trip(port, "orders", "from git 2") == "from git 2"

@@ -5,12 +5,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from enmasse.router.addressing import (
-    ReplyAddresses,
-    UnknownAddress,
-    dynamic_owner,
-    resolve,
-)
+from enmasse.resources.contracts import ReplyAddresses, dynamic_owner
+from enmasse.router.addressing import UnknownAddress, resolve
 from enmasse.router.balancing import Balancer
 from enmasse.router.config import AddressRoute, Distribution, RouterConfig
 from enmasse.router.fanout import CopyQueue

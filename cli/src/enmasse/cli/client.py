@@ -31,6 +31,7 @@ comes from) and, when nothing answers, the question everyone asks first: is `enm
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -51,10 +52,33 @@ TOKEN_ENV = "ENMASSE_TOKEN"
 CA_FILE_ENV = "ENMASSE_CA_FILE"
 
 
+# A connection that fails to open (a busy machine can time a TLS handshake out) is tried again
+# by gRPC's own retry policy, a few times within about 2 s, before the CLI says "cannot reach":
+# UNAVAILABLE means the call was not answered, and the config service's writes are compare-and-
+# swap or create-if-absent, so a retried write cannot apply twice.
+_RETRY_UNAVAILABLE = json.dumps(
+    {
+        "methodConfig": [
+            {
+                "name": [{"service": "enmasse.v1.ConfigService"}],
+                "retryPolicy": {
+                    "maxAttempts": 4,
+                    "initialBackoff": "0.25s",
+                    "maxBackoff": "1s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ]
+    }
+)
+
 _RECONNECT_FAST = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.enable_retries", 1),
+    ("grpc.service_config", _RETRY_UNAVAILABLE),
 ]
 
 

@@ -18,6 +18,8 @@ message.
 
 from __future__ import annotations
 
+import itertools
+import secrets
 from collections.abc import Mapping
 from typing import Final
 
@@ -83,10 +85,34 @@ OPERATIONS: Final = ("send", "recv", "view", "manage")
 SUBSCRIPTION_SEPARATOR: Final = "::"
 """A broker names a topic's subscription queue `<topic>::<subscription>`."""
 DYNAMIC_PREFIX: Final = "_dynamic/"
-"""Dynamic reply addresses: `_dynamic/<router-id>/<n>`, the owning router in the name."""
+"""Dynamic reply addresses: `_dynamic/<owner>/<life>.<n>`, the router or broker that made it (and
+holds its receiver) in the name; see `ReplyAddresses`."""
 MESH_PREFIX: Final = "_mesh/"
 """The routers' own links between each other (`_mesh/control`, `_mesh/to/...`, `_mesh/mc/...`)."""
 SYSTEM_PREFIX: Final = "$"
 """The control plane's own addresses (the router-agent's probe: `$enmasse/...`)."""
 RESERVED_PREFIXES: Final = (DYNAMIC_PREFIX, MESH_PREFIX, SYSTEM_PREFIX)
 """Address prefixes kept for the routers' and the control plane's own links."""
+
+
+class ReplyAddresses:
+    """Allocates one owner's dynamic reply addresses (a router's, a brokered space's broker's):
+    `_dynamic/<owner>/<life>.<n>`, unique across restarts of the owner (a new `life` each
+    start). The owner is in the name, so a router of the mesh routes a reply towards it
+    without waiting for it to advertise every reply address; `dynamic_owner` reads it back."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self._life = secrets.token_hex(4)
+        self._counter = itertools.count(1)
+
+    def allocate(self) -> str:
+        return f"{DYNAMIC_PREFIX}{self.owner}/{self._life}.{next(self._counter)}"
+
+
+def dynamic_owner(address: str) -> str | None:
+    """The owner inside a dynamic reply address; None for any other address."""
+    if not address.startswith(DYNAMIC_PREFIX):
+        return None
+    owner, slash, rest = address[len(DYNAMIC_PREFIX) :].partition("/")
+    return owner if owner and slash and rest else None

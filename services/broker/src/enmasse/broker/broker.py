@@ -20,6 +20,13 @@ network here: tests drive it directly, the AMQP handler and the admin servicer s
 As the target of a drain (`prepare_drain`, see inbox.py) it creates the addresses the source
 will move, with the same plans and durable subscriptions, and issues the token that lets the
 drain's connection send into subscription queues (`publish` to `<topic>::<identity>`).
+
+A dynamic queue (`create_dynamic_queue`: a receiver asked for a dynamic source) is named by the
+space's one rule for reply addresses (`contracts.ReplyAddresses`, `_dynamic/<owner>/<life>.<n>`),
+lives in memory only (a non-persistent plan: never journaled, never in the catalog, never in
+ListAddresses) for as long as the AMQP side keeps it, and is gone with what it holds when
+`drop_dynamic_queue` is called (its link or connection ended). It is found by name like any
+queue (`find_queue`), looked for only after the named queues and topics.
 """
 
 from __future__ import annotations
@@ -29,15 +36,24 @@ from collections.abc import Callable
 from pathlib import Path
 
 import structlog
+from enmasse.amqp import codec
 from enmasse.amqp.selector import Selector, SelectorError, compile_selector
 from enmasse.broker.catalog import Catalog, CatalogData
-from enmasse.broker.entry import DEAD_LETTERED, EXPIRED, Entry, Removal
+from enmasse.broker.entry import (
+    DEAD_LETTERED,
+    DEFAULT_PRIORITY,
+    EXPIRED,
+    Entry,
+    Removal,
+    priority_of,
+)
+from enmasse.broker.facts import message_facts
 from enmasse.broker.inbox import DrainTokens, InboxAddress, identity_problem
 from enmasse.broker.journal import DEAD_LETTER_HELD, Journal, Recovered
 from enmasse.broker.plan import Plan
 from enmasse.broker.queue import MemoryBudget, Queue
 from enmasse.broker.topic import Subscription, Topic
-from enmasse.resources.contracts import SUBSCRIPTION_SEPARATOR
+from enmasse.resources.contracts import DYNAMIC_PREFIX, SUBSCRIPTION_SEPARATOR, ReplyAddresses
 from enmasse.resources.validation import address_problem
 
 log = structlog.get_logger(__name__)
@@ -95,6 +111,8 @@ class Broker:
         self.recovered = Recovered()
         self.drain_tokens = DrainTokens()
         self._holding: set[Queue] = set()  # queues holding dead letters with nowhere to go
+        self.dynamic: dict[str, Queue] = {}  # temporary queues, by their `_dynamic/...` name
+        self._reply_addresses = ReplyAddresses("broker")
 
     # ------------------------------------------------------------------ start
 
@@ -128,7 +146,7 @@ class Broker:
                     continue
                 if count is not None:
                     entry.delivery_count, entry.failed_attempts = count
-                queue.enqueue(entry)
+                queue.enqueue_with_priority(entry, _recovered_priority(payload))
             if queue is None:
                 log.warning("journal held messages of a queue that is gone", queue=queue_name)
         self._rehome_dead_letters()
@@ -205,6 +223,17 @@ class Broker:
         self._catalog.drop_topic(name)
         self.commit_catalog()
         return gone
+
+    def create_dynamic_queue(self) -> Queue:
+        """A new temporary queue with a unique `_dynamic/...` name: in memory, never journaled."""
+        name = self._reply_addresses.allocate()
+        queue = self.dynamic[name] = self._new_queue(name, DYNAMIC_PLAN)
+        return queue
+
+    def drop_dynamic_queue(self, name: str) -> int:
+        """The temporary queue and what it holds are gone; returns how many messages went."""
+        queue = self.dynamic.pop(name, None)
+        return queue.purge() if queue is not None else 0
 
     def _check(self, name: str, plan: Plan) -> None:
         problem = name_problem(name)
@@ -285,8 +314,12 @@ class Broker:
     def find_queue(self, address: str) -> Queue | None:
         """A queue by name, or a subscription queue by `<topic>::<identity>`."""
         queue = self.queues.get(address)
-        if queue is not None or SUBSCRIPTION_SEPARATOR not in address:
+        if queue is not None:
             return queue
+        if address.startswith(DYNAMIC_PREFIX):
+            return self.dynamic.get(address)
+        if SUBSCRIPTION_SEPARATOR not in address:
+            return None
         topic_name, identity = address.split(SUBSCRIPTION_SEPARATOR, 1)
         topic = self.topics.get(topic_name)
         sub = topic.subscriptions.get(identity) if topic else None
@@ -340,8 +373,8 @@ class Broker:
 
     def has_room(self, address: str) -> bool:
         target = self.queues.get(address) or self.topics.get(address)
-        if target is None and SUBSCRIPTION_SEPARATOR in address:
-            target = self.find_queue(address)  # a drain feeding a subscription queue
+        if target is None:
+            target = self.find_queue(address)  # a drain's subscription queue, a dynamic one
         return target.has_room() if target is not None else False
 
     def when_room(self, callback: Callable[[], None]) -> None:
@@ -359,6 +392,7 @@ class Broker:
         on_owned: Callable[[], None] | None = None,
         now: int | None = None,
         delivery_count: int = 0,
+        priority: int = DEFAULT_PRIORITY,
     ) -> bool:
         """Takes a message for a queue or topic. True: owned now. False: `on_owned` after fsync.
 
@@ -371,7 +405,7 @@ class Broker:
         if queue is None:
             topic = self.topics.get(address)
             if topic is None:
-                queue = self.find_queue(address) if SUBSCRIPTION_SEPARATOR in address else None
+                queue = self.find_queue(address)  # a subscription queue, a dynamic one
                 if queue is None:
                     raise NotFound(f"no queue or topic {address!r} on this broker")
                 plan = queue.plan
@@ -389,7 +423,11 @@ class Broker:
         self._next_id += 1
         if queue is not None:
             journaled = durable and plan.persistent and self.journal is not None
-            queue.enqueue(Entry(msg_id, payload, journaled, expires_at, delivery_count))
+            entry = Entry(msg_id, payload, journaled, expires_at, delivery_count)
+            if priority == DEFAULT_PRIORITY:
+                queue.enqueue(entry)
+            else:
+                queue.enqueue_with_priority(entry, priority)
             self._dispatch(queue)
             if not journaled:
                 return True  # the hot path: a message in memory is owned now
@@ -401,6 +439,7 @@ class Broker:
                 payload=payload,
                 durable=durable and self.journal is not None,
                 expires_at=expires_at,
+                priority=priority,
             )
             journaled_to = [q.name for q, e in fanned if e.journaled]
             for q, _ in fanned:
@@ -504,7 +543,7 @@ class Broker:
             delivery_count=entry.delivery_count,
         )
         self._next_id += 1
-        target.enqueue(moved)
+        target.enqueue_with_priority(moved, priority_of(entry))
         target.dispatch(now_ms())
         if moved.journaled and self.journal is not None:
             self.journal.enqueue(
@@ -545,6 +584,7 @@ class Broker:
 
     def all_queues(self) -> list[Queue]:
         found = list(self.queues.values())
+        found.extend(self.dynamic.values())
         for topic in self.topics.values():
             found.extend(sub.queue for sub in topic.subscriptions.values())
         return found
@@ -553,6 +593,10 @@ class Broker:
         """Group commit: one fsync for every journal record since the last one, then settle."""
         if self.journal is not None and self.journal.pending:
             self.journal.commit()
+
+
+DYNAMIC_PLAN = Plan(persistent=False)
+"""A temporary queue's plan: nothing journaled; its messages go with it."""
 
 
 def _recovered_selector(data: CatalogData, *, topic: str, identity: str) -> Selector | None:
@@ -576,3 +620,11 @@ def _deadline(now: int, ttl_ms: int | None, absolute_ms: int | None, default_ttl
     if absolute_ms:
         candidates.append(absolute_ms)
     return min(candidates) if candidates else 0
+
+
+def _recovered_priority(payload: bytes) -> int:
+    """The priority a journaled message was sent with (its header is in the stored bytes)."""
+    try:
+        return message_facts(payload)[3]
+    except (codec.CodecError, IndexError, ValueError):
+        return DEFAULT_PRIORITY  # it was read on arrival, so this does not happen

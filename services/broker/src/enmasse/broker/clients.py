@@ -11,6 +11,11 @@ links on the connection; amqp:unauthorized-access when the user's rules do not a
 connection staying up) or None; and, when a push changes users' rules, the live links that lost
 their right, which the connection handlers close with the same amqp:unauthorized-access.
 
+A dynamic reply address (a temporary queue, `_dynamic/...`) is decided as a router decides its
+own: anyone may send to one (request/response needs that: the reply goes where `reply-to`
+says); only the connection that made it (`claim`) may receive from it, whatever the user's
+rules, with the router's words ("...: a reply address belongs to the connection that made it").
+
 Why it is built so:
 - the decisions are the routers', from the libraries: `enmasse.resources.permissions` (rules,
   browsing needs `view` or `recv`, the refusal's words: "user 'sender' may not recv from 'pq'"),
@@ -38,8 +43,9 @@ import structlog
 from enmasse.amqp.engine import Condition, Connection, Link
 from enmasse.amqp.logins import UserLogins
 from enmasse.common.passwords import ScramKeys
-from enmasse.resources.authorization import SEND, Rule
+from enmasse.resources.authorization import RECV, SEND, Rule
 from enmasse.resources.client_access import UserError, client_users_from_proto
+from enmasse.resources.contracts import dynamic_owner
 from enmasse.resources.permissions import Permissions, browses, logged_in_as
 from enmasse.v1 import broker_pb2
 
@@ -132,6 +138,7 @@ class ClientEndpoint:
         self._revoke = revoke
         self._is_queue = is_queue
         self._connections: dict[Connection, Permissions] = {}
+        self._reply_owners: dict[str, Connection] = {}  # dynamic address -> who made it
 
     def logins(self) -> UserLogins:
         """The client listener's authenticator, over whatever access is in force at a login."""
@@ -151,6 +158,14 @@ class ClientEndpoint:
 
     def forget(self, conn: Connection) -> None:
         self._connections.pop(conn, None)
+
+    def claim(self, address: str, conn: Connection) -> None:
+        """`conn` made the dynamic address: it alone may receive from it."""
+        self._reply_owners[address] = conn
+
+    def release(self, address: str) -> None:
+        """The dynamic address is gone."""
+        self._reply_owners.pop(address, None)
 
     def _over_connection_limits(self, user: str | None) -> str | None:
         limits = self.access.limits
@@ -187,9 +202,20 @@ class ClientEndpoint:
 
     def _refusal(self, link: Link, address: str, permissions: Permissions) -> str | None:
         """Why the user may not do what `link` does at `address`: a link the broker receives on
-        sends to it; one the broker sends on receives from it, or browses it."""
+        sends to it; one the broker sends on receives from it, or browses it. A reply address:
+        anyone may send to it, only the connection that made it may receive from it."""
+        reply = dynamic_owner(address) is not None
         if not link.is_sender:
-            return None if permissions.may(SEND, address) else permissions.refusal(SEND, address)
+            if reply or permissions.may(SEND, address):
+                return None
+            return permissions.refusal(SEND, address)
+        if reply:
+            if self._reply_owners.get(address) is link.connection:
+                return None
+            return (
+                f"{permissions.refusal(RECV, address)}: a reply address belongs to the "
+                "connection that made it"
+            )
         return permissions.receive_refusal(
             address,
             browse=browses(link.source.distribution_mode),

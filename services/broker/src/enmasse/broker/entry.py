@@ -3,11 +3,15 @@ broker acts on, read once from the header section when the message arrived.
 
 A topic publishes one entry per subscription queue; they share `id` and `payload` bytes (no copy).
 `id` orders messages (FIFO, recovery) and keys the journal records of a durable message.
+`priority` (AMQP header, 0-9, default 4; above 9 counts as 9) is set only on an entry whose
+message asked for another priority than the default, so the common case pays nothing for it.
 """
 
 from __future__ import annotations
 
 import enum
+
+from enmasse.amqp.codec import DEFAULT_PRIORITY  # AMQP 1.0 §3.2.1: without one, priority 4
 
 
 class State(enum.IntEnum):
@@ -33,6 +37,8 @@ READY, IN_FLIGHT, GONE = State.READY, State.IN_FLIGHT, State.GONE
 ACKED, EXPIRED, DEAD_LETTERED = Removal.ACKED, Removal.EXPIRED, Removal.DEAD_LETTERED
 DRAINED, DELETED = Removal.DRAINED, Removal.DELETED
 
+TOP_PRIORITY = 9  # 0-9 are distinct levels; a higher priority counts as 9
+
 
 class Entry:
     __slots__ = (
@@ -42,11 +48,13 @@ class Entry:
         "id",
         "journaled",
         "payload",
+        "priority",
         "refused_by",
         "state",
     )
 
     refused_by: set[object]  # a slot, set only on entries some consumer refused (see queue.py)
+    priority: int  # a slot, set only when not DEFAULT_PRIORITY: read it with `priority_of`
 
     # Positional too: one Entry is made per message published, and keywords cost more.
     def __init__(
@@ -64,11 +72,21 @@ class Entry:
         self.delivery_count = delivery_count  # what the consumer sees in the header
         self.failed_attempts = 0  # modified(delivery-failed) outcomes: counts to the DLQ
         self.state = READY
-        # `refused_by` (consumers that settled it modified + undeliverable-here) is left unset:
-        # only such an entry ever gets one, so the others pay nothing for it.
+        # `refused_by` (consumers that settled it modified + undeliverable-here) and `priority`
+        # are left unset: only the few entries that need one get one, the others pay nothing.
 
     def __repr__(self) -> str:
         return f"Entry(id={self.id}, state={self.state.name}, delivery_count={self.delivery_count})"
 
     def expired(self, now_ms: int) -> bool:
         return 0 < self.expires_at <= now_ms
+
+
+def priority_of(entry: Entry) -> int:
+    """The entry's priority level, 0-9 (DEFAULT_PRIORITY unless its message asked for another)."""
+    return getattr(entry, "priority", DEFAULT_PRIORITY)
+
+
+def priority_level(priority: int) -> int:
+    """A header priority as a queue level: 0-9, anything higher counts as 9."""
+    return min(priority, TOP_PRIORITY)

@@ -1,7 +1,7 @@
-"""What the broker reads from a message on arrival: durable, ttl, absolute-expiry-time; no more.
+"""What the broker reads from a message on arrival: durable, ttl, absolute-expiry-time, priority.
 
 What flows in: the encoded message bytes of a delivery. What flows out: (durable, ttl ms or None,
-absolute expiry ms or None).
+absolute expiry ms or None, priority as sent: 4 when the header has none).
 
 Why it is its own module: this runs once per message on the producer path, and a general decoder
 (`enmasse.amqp.codec.read_header` / `read_properties`) spends a few microseconds walking
@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from enmasse.amqp import codec
 
-Facts = tuple[bool, int | None, int | None]
+Facts = tuple[bool, int | None, int | None, int]
 
-_NO_FACTS: Facts = (False, None, None)
+DEFAULT_PRIORITY = codec.DEFAULT_PRIORITY
+_NO_FACTS: Facts = (False, None, None, DEFAULT_PRIORITY)
 _HEADER = b"\x00Sp"
 _SECTION = b"\x00S"
 _PROPERTIES = 0x73
@@ -27,14 +28,15 @@ _MAY_CARRY_EXPIRY = frozenset((_PROPERTIES, *_BEFORE_PROPERTIES))
 
 
 def message_facts(payload: bytes) -> Facts:
-    """(durable, ttl, absolute_expiry_time) of an encoded message; raises codec.CodecError."""
+    """(durable, ttl, absolute_expiry_time, priority) of an encoded message; raises
+    codec.CodecError."""
     if payload[:3] != _HEADER:
         if payload[:2] == _SECTION and payload[2] not in _MAY_CARRY_EXPIRY:
             return _NO_FACTS  # the commonest shape: no header, the body next
-        return _expiry_after(payload, 0, durable=False, ttl=None)
+        return _expiry_after(payload, 0, durable=False, ttl=None, priority=DEFAULT_PRIORITY)
     code = payload[3]
     if code == 0x45:  # empty list: every header field is its default
-        return _expiry_after(payload, 4, durable=False, ttl=None)
+        return _expiry_after(payload, 4, durable=False, ttl=None, priority=DEFAULT_PRIORITY)
     if code != 0xC0:
         return _slow(payload)
     end = 5 + payload[4]
@@ -42,6 +44,7 @@ def message_facts(payload: bytes) -> Facts:
     pos = 6
     durable = False
     ttl = None
+    priority = DEFAULT_PRIORITY
     if count >= 1:
         flag = payload[pos]
         if flag == 0x41:
@@ -49,14 +52,16 @@ def message_facts(payload: bytes) -> Facts:
         elif flag not in (0x40, 0x42):
             return _slow(payload)
         pos += 1
-    if count >= 3:
-        priority = payload[pos]
-        if priority == 0x40:
+    if count >= 2:
+        code = payload[pos]
+        if code == 0x40:
             pos += 1
-        elif priority == 0x50:
+        elif code == 0x50:
+            priority = payload[pos + 1]
             pos += 2
         else:
             return _slow(payload)
+    if count >= 3:
         kind = payload[pos]
         if kind == 0x52:
             ttl = payload[pos + 1]
@@ -66,20 +71,24 @@ def message_facts(payload: bytes) -> Facts:
             ttl = 0
         elif kind != 0x40:
             return _slow(payload)
-    return _expiry_after(payload, end, durable=durable, ttl=ttl or None)
+    return _expiry_after(payload, end, durable=durable, ttl=ttl or None, priority=priority)
 
 
-def _expiry_after(payload: bytes, pos: int, *, durable: bool, ttl: int | None) -> Facts:
+def _expiry_after(
+    payload: bytes, pos: int, *, durable: bool, ttl: int | None, priority: int
+) -> Facts:
     """Reads absolute-expiry-time only when a properties section can be there."""
     if payload[pos : pos + 2] != _SECTION:
-        return durable, ttl, (codec.read_properties(payload).absolute_expiry_time or None)
+        expiry = codec.read_properties(payload).absolute_expiry_time or None
+        return durable, ttl, expiry, priority
     section = payload[pos + 2]
     if section in _MAY_CARRY_EXPIRY:
-        return durable, ttl, (codec.read_properties(payload).absolute_expiry_time or None)
-    return durable, ttl, None
+        expiry = codec.read_properties(payload).absolute_expiry_time or None
+        return durable, ttl, expiry, priority
+    return durable, ttl, None, priority
 
 
 def _slow(payload: bytes) -> Facts:
     header = codec.read_header(payload)
     expiry = codec.read_properties(payload).absolute_expiry_time
-    return header.durable, header.ttl or None, expiry or None
+    return header.durable, header.ttl or None, expiry or None, header.priority

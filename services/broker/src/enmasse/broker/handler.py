@@ -24,6 +24,16 @@ once at attach (`enmasse.amqp.selector`; one that does not parse is refused with
 amqp:invalid-field and the parser's words): a queue consumer takes only what it selects, a
 topic subscription's queue receives only that; the attach echoes the filter in the source.
 
+A receiver that attaches with a dynamic source (`source {dynamic: true}`, a requester's reply
+address) gets a temporary queue of its own (`Broker.create_dynamic_queue`), its `_dynamic/...`
+name returned in the attach's source: in memory only, it lives as long as the link (the
+default, delete-on-close), or as long as the connection when the source's expiry-policy says
+`connection-close` (or `never`: nothing outlives its connection here), and is gone with its
+messages when that ends. Anyone may send to it (the reply goes where `reply-to` says); only its
+connection may receive from it (`ClientEndpoint`); a sender attaching to a reply address that
+is gone is refused with amqp:not-found, and one whose reply address goes while it is attached
+has its next delivery rejected with amqp:not-found and its link closed.
+
 A drain from another broker is an ordinary connection that presents a token from PrepareDrain
 (inbox.py) in its open frame: only such a connection may attach a sending link to a subscription
 queue (`<topic>::<identity>`; anyone else gets amqp:unauthorized-access), and its messages keep
@@ -69,7 +79,7 @@ from enmasse.broker.inbox import DRAIN_TOKEN_PROPERTY
 from enmasse.broker.journal import GroupCommitter
 from enmasse.broker.queue import ACCEPTED, MODIFIED, RELEASED, Queue, Settlement
 from enmasse.broker.topic import durable_identity
-from enmasse.resources.contracts import SUBSCRIPTION_SEPARATOR
+from enmasse.resources.contracts import SUBSCRIPTION_SEPARATOR, dynamic_owner
 from enmasse.resources.validation import address_problem
 
 log = structlog.get_logger(__name__)
@@ -275,6 +285,9 @@ class BrokerConnection(ConnectionHandler):
         self.window = endpoint.settings.credit_window
         self.container_id = ""
         self._drain: bool | None = None  # a drain's connection; read at the first sender link
+        # The temporary queues this connection made: name -> lives as long as the connection
+        # (False: as long as its link)
+        self._dynamic: dict[str, bool] = {}
 
     def on_connection_open(self, conn: Connection) -> None:
         self.container_id = conn.container_id or ""
@@ -286,6 +299,8 @@ class BrokerConnection(ConnectionHandler):
                 conn.close(admitted)
 
     def on_connection_close(self, conn: Connection, error: Condition | None) -> None:
+        for name in list(self._dynamic):
+            self._drop_dynamic(name)
         if self.clients is not None:
             self.clients.forget(conn)
         if error is not None:
@@ -294,6 +309,9 @@ class BrokerConnection(ConnectionHandler):
     # ------------------------------------------------------------------ attach / detach
 
     def on_link_attach(self, link: Link) -> None:
+        if link.is_sender and link.source.dynamic:
+            self._attach_dynamic_consumer(link)
+            return
         if self.clients is not None and self._client_refused(link, self.clients):
             return
         if link.is_sender:
@@ -322,12 +340,56 @@ class BrokerConnection(ConnectionHandler):
         link.context = None
         link.close(error)
 
+    def _attach_dynamic_consumer(self, link: Link) -> None:
+        """A receiver asked for a reply address: a temporary queue of its own, named in the
+        attach's source (see the module docstring for how long it lives)."""
+        queue = self.broker.create_dynamic_queue()
+        name = queue.name
+        link.set_dynamic_address(name)
+        self._dynamic[name] = link.source.expiry_policy in ("connection-close", "never")
+        if self.clients is not None:
+            self.clients.claim(name, link.connection)
+            refusal = self.clients.attach_refusal(link, name)
+            if refusal is not None:  # a link limit, or a connection being closed
+                self._drop_dynamic(name)
+                link.refuse(refusal)
+                return
+        try:
+            selector = selector_of(link.source.filter)
+        except SelectorError as error:
+            self._drop_dynamic(name)
+            link.refuse(Condition(INVALID_FIELD, str(error)))
+            return
+        consumer = LinkConsumer(
+            link, queue, browse=False, subscription=None, traced=self.endpoint.traced
+        )
+        queue.add_consumer(consumer, browse=False, selector=selector)
+        link.context = consumer
+        link.accept()
+        log.debug("dynamic queue created", queue=name, container=self.container_id)
+
+    def _drop_dynamic(self, name: str) -> None:
+        self._dynamic.pop(name, None)
+        gone = self.broker.drop_dynamic_queue(name)
+        if self.clients is not None:
+            self.clients.release(name)
+        log.debug("dynamic queue gone", queue=name, messages=gone)
+
     def _attach_producer(self, link: Link) -> None:
         address = link.address
         if link.target.dynamic or not address:
             link.refuse(Condition(NOT_IMPLEMENTED, "the broker needs a target address"))
             return
         if self._refused_address(link, address):
+            return
+        if dynamic_owner(address) is not None and self.broker.find_queue(address) is None:
+            link.refuse(
+                Condition(
+                    NOT_FOUND,
+                    f"reply address {address!r} is gone: the receiver that asked for it "
+                    "detached, or its connection closed",
+                )
+            )
             return
         drain = self._is_drain(link.connection)
         if SUBSCRIPTION_SEPARATOR in address and not drain:
@@ -349,7 +411,10 @@ class BrokerConnection(ConnectionHandler):
 
     def _refused_address(self, link: Link, address: str) -> bool:
         """Refuses the link (the connection stays) when the address breaks the address rule;
-        `<topic>::<name>` names a subscription queue here, so it is allowed."""
+        `<topic>::<name>` names a subscription queue here, and `_dynamic/...` a reply
+        address, so they are allowed."""
+        if dynamic_owner(address) is not None:
+            return False
         problem = address_problem(address, subscription_queue=True)
         if problem is None:
             return False
@@ -433,6 +498,10 @@ class BrokerConnection(ConnectionHandler):
             queue.remove_consumer(context)
             if context.subscription is not None:
                 self._end_subscription(link, context, closed=closed)
+            if self._dynamic and self._dynamic.get(queue.name) is False:
+                if not queue.consumer_count:  # a reply address that lives with its link(s)
+                    self._drop_dynamic(queue.name)
+                return
             queue.dispatch(now_ms())  # what it held goes to the others
             self.endpoint.schedule_commit()
         elif isinstance(context, Producer):
@@ -456,7 +525,7 @@ class BrokerConnection(ConnectionHandler):
         producer: Producer = link.context
         payload = delivery.payload
         try:
-            durable, ttl, expiry = message_facts(payload)
+            durable, ttl, expiry, priority = message_facts(payload)
         except (codec.CodecError, IndexError, ValueError) as exc:
             delivery.settle(Outcome.REJECTED, error=Condition(DECODE_ERROR, str(exc)))
             self._top_up(producer)
@@ -473,6 +542,7 @@ class BrokerConnection(ConnectionHandler):
                 absolute_expiry_ms=expiry,
                 on_owned=settle,
                 delivery_count=delivery_count,
+                priority=priority,
             )
         except NotFound as exc:
             delivery.settle(Outcome.REJECTED, error=Condition(NOT_FOUND, str(exc)))

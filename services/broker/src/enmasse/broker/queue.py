@@ -46,6 +46,15 @@ Why it is built so:
   an entry that comes back to such a queue comes back as a fresh Entry (`_fresh`): every stale
   reference to the old object sees it GONE, so nothing is delivered twice. Browsers with a
   selector see only what it selects.
+- Priority (AMQP header, 0-9, higher first, FIFO within a level): while every message has the
+  default priority (4), nothing above changes and nothing is paid for it. The first message with
+  another priority (`enqueue_with_priority`) makes the queue prioritized for good: one deque per
+  level (`_levels`, the ready deque is level 4's), and dispatch goes through the general loop
+  (`_dispatch_selective`) with `_pop_prioritized`, which takes from the highest level that has
+  an entry. Redeliveries keep their place inside their level: the `_returned` heap's key is the
+  id shifted by the level (`_return_key`), equal to the id at level 4. A selective consumer of a
+  prioritized queue scans the levels top down for the first entry it selects (its one-look
+  bookkeeping is for the single-level case). Browsers still see entries in id order.
 """
 
 from __future__ import annotations
@@ -61,14 +70,18 @@ from enmasse.amqp.selector import Selector
 from enmasse.broker.entry import (
     ACKED,
     DEAD_LETTERED,
+    DEFAULT_PRIORITY,
     DELETED,
     DRAINED,
     EXPIRED,
     GONE,
     IN_FLIGHT,
     READY,
+    TOP_PRIORITY,
     Entry,
     Removal,
+    priority_level,
+    priority_of,
 )
 from enmasse.broker.plan import Plan
 
@@ -120,6 +133,7 @@ class Selection:
 
 
 STALE_SLACK = 64  # stale references a deque may hold before it is worth rebuilding
+LEVEL_SHIFT = 1 << 64  # `_return_key`: ids stay far below this
 
 RemovedHook = Callable[["Queue", Entry, Removal], None]
 CountedHook = Callable[["Queue", Entry], None]
@@ -152,6 +166,7 @@ class Queue:
         self._browsing: dict[Consumer, Selector] = {}  # browsers with a selector
         self._returns_fresh = False  # set for good once a consumer had a selector: see `_fresh`
         self._stale = 0  # entries taken out of the ready deque's middle since it was rebuilt
+        self._levels: list[deque[Entry]] | None = None  # per priority; None: all default
         self._rr = 0
         self.depth = 0  # READY entries
         self.bytes = 0  # READY + IN_FLIGHT payload bytes
@@ -182,6 +197,28 @@ class Queue:
         if entry.id > self.last_id:
             self.last_id = entry.id
 
+    def enqueue_with_priority(self, entry: Entry, priority: int) -> None:
+        """`enqueue` for a message whose header gave a priority; only another priority than
+        the default costs anything (the queue keeps one deque per level from then on)."""
+        level = priority_level(priority)
+        if level == DEFAULT_PRIORITY:
+            self.enqueue(entry)
+            return
+        entry.priority = level
+        levels = self._levels if self._levels is not None else self._prioritize()
+        self.enqueue(entry)
+        self._ready.pop()  # `enqueue` put it at level 4's tail: it belongs to its own level
+        levels[level].append(entry)
+
+    def _prioritize(self) -> list[deque[Entry]]:
+        """Turns this queue into a prioritized one, for good (see the module docstring)."""
+        levels: list[deque[Entry]] = [deque() for _ in range(TOP_PRIORITY + 1)]
+        levels[DEFAULT_PRIORITY] = self._ready
+        self._levels = levels
+        for selection in self._selections.values():
+            selection.waiting.clear()  # selective consumers scan the levels from now on
+        return levels
+
     def _count_out(self, entry: Entry) -> None:
         size = len(entry.payload)
         self.bytes -= size
@@ -205,7 +242,8 @@ class Queue:
         self._consumers.append(consumer)
         self._in_flight[consumer] = set()
         if selector is not None:
-            waiting = deque(entry for entry in self._ready if entry.state is READY)
+            ready = self._ready if self._levels is None else ()
+            waiting = deque(entry for entry in ready if entry.state is READY)
             self._selections[consumer] = Selection(selector, waiting, seen_id=self.last_id)
             self._returns_fresh = True
 
@@ -238,7 +276,7 @@ class Queue:
         if self._held_back and consumers:
             sent = self._place_held_back(consumers)
         if consumers and self.depth:
-            if self._selections:
+            if self._selections or self._levels is not None:
                 sent = self._dispatch_selective(consumers, now_ms)
             else:
                 sent = self._dispatch_round_robin(consumers, now_ms)
@@ -281,6 +319,7 @@ class Queue:
         credits = [c.credit() for c in consumers]
         selections = self._selections
         in_flight = self._in_flight
+        pop = self._pop_ready if self._levels is None else self._pop_prioritized
         i = self._rr % n
         idle = 0
         sent = 0
@@ -291,10 +330,7 @@ class Queue:
                 continue
             consumer = consumers[i]
             selection = selections.get(consumer)
-            if selection is None:
-                entry = self._pop_ready(now_ms)
-            else:
-                entry = self._pop_selected(selection, now_ms)
+            entry = pop(now_ms) if selection is None else self._pop_selected(selection, now_ms)
             if entry is None:
                 credits[i] = 0  # nothing for it now
                 idle += 1
@@ -313,6 +349,8 @@ class Queue:
     def _pop_selected(self, selection: Selection, now_ms: int) -> Entry | None:
         """The oldest ready entry the selection selects (redeliveries first), taken out of
         the queue (depth counted down); None when it selects none of them."""
+        if self._levels is not None:
+            return self._pop_selected_prioritized(selection, now_ms)
         if self._returned:
             entry = self._take_returned(selection, now_ms)
             if entry is not None:
@@ -380,6 +418,8 @@ class Queue:
         if self._stale > STALE_SLACK and 2 * self._stale > len(self._ready):
             self._ready = deque(entry for entry in self._ready if entry.state is READY)
             self._stale = 0
+            if self._levels is not None:
+                self._levels[DEFAULT_PRIORITY] = self._ready
 
     def _selects(self, consumer: Consumer, entry: Entry) -> bool:
         selection = self._selections.get(consumer)
@@ -425,12 +465,72 @@ class Queue:
             return entry
         return None
 
+    def _pop_prioritized(self, now_ms: int) -> Entry | None:
+        """`_pop_ready` for a prioritized queue: the highest level first, a redelivery before
+        the ready entries of its own level."""
+        levels = self._levels
+        assert levels is not None
+        returned = self._returned
+        while True:
+            level = next((p for p in range(TOP_PRIORITY, -1, -1) if levels[p]), -1)
+            if returned and priority_of(returned[0][1]) >= level:
+                entry = heapq.heappop(returned)[1]
+            elif level >= 0:
+                entry = levels[level].popleft()
+            else:
+                return None
+            if entry.state is not READY:
+                continue
+            self.depth -= 1
+            if entry.expired(now_ms):
+                self._remove(entry, EXPIRED)
+                continue
+            return entry
+
+    def _pop_selected_prioritized(self, selection: Selection, now_ms: int) -> Entry | None:
+        """`_pop_selected` for a prioritized queue: the first entry it selects, level by level
+        from the top, redeliveries first within a level."""
+        levels = self._levels
+        assert levels is not None
+        returned = sorted(self._returned, key=_by_key)  # level, then id: see `_return_key`
+        matches = selection.selector.matches
+        r = 0
+        for level in range(TOP_PRIORITY, -1, -1):
+            while r < len(returned) and priority_of(returned[r][1]) >= level:
+                entry = returned[r][1]
+                r += 1
+                if self._takes(entry, matches, now_ms):
+                    return entry  # its heap item is skipped from now on: no longer READY
+            ready = levels[level]
+            for index, entry in enumerate(ready):
+                if self._takes(entry, matches, now_ms):
+                    del ready[index]
+                    return entry
+        return None
+
+    def _takes(self, entry: Entry, matches: Callable[[bytes], bool], now_ms: int) -> bool:
+        """Whether a selective consumer takes this entry (depth counted down if so); an
+        expired one met on the way is removed."""
+        if entry.state is not READY:
+            return False
+        if entry.expired(now_ms):
+            self.depth -= 1
+            self._remove(entry, EXPIRED)
+            return False
+        if matches(entry.payload):
+            self.depth -= 1
+            return True
+        return False
+
     def _dispatch_browsers(self, now_ms: int) -> None:
         for browser, seen in list(self._browsers.items()):
             if browser.credit() <= 0 or seen >= self.last_id:
                 continue
             selector = self._browsing.get(browser)
-            for entry in self.snapshot():
+            entries = self.snapshot()
+            if self._levels is not None:
+                entries.sort(key=_by_id)  # browsers see entries in id order: `seen` is an id
+            for entry in entries:
                 if entry.id <= seen or entry.expired(now_ms):
                     continue
                 if browser.credit() <= 0:
@@ -443,7 +543,16 @@ class Queue:
         """The ready entries in delivery order (redeliveries first, then FIFO)."""
         returned = [e for _, e in sorted(self._returned, key=_by_key)]
         held = [e for _, e in sorted(self._held_back, key=_by_key)]
-        return [e for e in (*held, *returned, *self._ready) if e.state is READY]
+        if self._levels is None:
+            return [e for e in (*held, *returned, *self._ready) if e.state is READY]
+        ordered = held
+        r = 0
+        for level in range(TOP_PRIORITY, -1, -1):
+            while r < len(returned) and priority_of(returned[r]) >= level:
+                ordered.append(returned[r])
+                r += 1
+            ordered.extend(self._levels[level])
+        return [e for e in ordered if e.state is READY]
 
     # ------------------------------------------------------------------ outcomes
 
@@ -502,10 +611,11 @@ class Queue:
             entry = _fresh(entry)
         entry.state = READY
         self.depth += 1
+        key = entry.id if self._levels is None else _return_key(entry)
         if getattr(entry, "refused_by", None):
-            heapq.heappush(self._held_back, (entry.id, entry))
+            heapq.heappush(self._held_back, (key, entry))
         else:
-            heapq.heappush(self._returned, (entry.id, entry))
+            heapq.heappush(self._returned, (key, entry))
         if entry.expires_at:
             # Its deadline may have been popped while it was out: the reaper must see it again.
             heapq.heappush(self._expiring, (entry.expires_at, entry.id, entry))
@@ -544,8 +654,9 @@ class Queue:
         `undo_hand_off` puts them back if it refused.
         """
         taken: list[Entry] = []
+        pop = self._pop_ready if self._levels is None else self._pop_prioritized
         while len(taken) < limit:
-            entry = self._pop_ready(0)
+            entry = pop(0)
             if entry is None:
                 break
             entry.state = IN_FLIGHT
@@ -614,6 +725,8 @@ class Queue:
             gone += 1
         self._dead_held.clear()
         self._ready.clear()
+        for level in self._levels or ():
+            level.clear()
         self._returned.clear()
         self._held_back.clear()
         self._expiring.clear()
@@ -630,11 +743,20 @@ def _fresh(entry: Entry) -> Entry:
     (the ready deque's stale references, a selection's waiting list)."""
     fresh = Entry(entry.id, entry.payload, entry.journaled, entry.expires_at, entry.delivery_count)
     fresh.failed_attempts = entry.failed_attempts
+    priority = getattr(entry, "priority", None)
+    if priority is not None:
+        fresh.priority = priority
     refused = getattr(entry, "refused_by", None)
     if refused is not None:
         fresh.refused_by = refused
     entry.state = GONE
     return fresh
+
+
+def _return_key(entry: Entry) -> int:
+    """A redelivery's key in a prioritized queue: higher levels first, then by id; at the
+    default level it is the id, as in a queue that never saw a priority."""
+    return entry.id - (priority_of(entry) - DEFAULT_PRIORITY) * LEVEL_SHIFT
 
 
 def _by_id(entry: Entry) -> int:

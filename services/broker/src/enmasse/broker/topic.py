@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from enmasse.amqp.selector import Selector
-from enmasse.broker.entry import Entry
+from enmasse.broker.entry import DEFAULT_PRIORITY, Entry
 from enmasse.broker.plan import Plan
 from enmasse.broker.queue import CountedHook, MemoryBudget, Queue, RemovedHook
 from enmasse.resources.contracts import SUBSCRIPTION_SEPARATOR
@@ -95,7 +95,13 @@ class Topic:
         return gone
 
     def fan_out(
-        self, *, id: int, payload: bytes, durable: bool, expires_at: int
+        self,
+        *,
+        id: int,
+        payload: bytes,
+        durable: bool,
+        expires_at: int,
+        priority: int = DEFAULT_PRIORITY,
     ) -> list[tuple[Queue, Entry]]:
         """One entry per subscription (journaled only where the subscription is durable)."""
         self.published += 1
@@ -111,7 +117,10 @@ class Topic:
                 journaled=persistent and sub.durable,
                 expires_at=expires_at,
             )
-            sub.queue.enqueue(entry)
+            if priority == DEFAULT_PRIORITY:
+                sub.queue.enqueue(entry)
+            else:
+                sub.queue.enqueue_with_priority(entry, priority)
             entries.append((sub.queue, entry))
         return entries
 

@@ -4,18 +4,17 @@ In: an address string from an attach (a link's source or target) or from a messa
 relay), and the running configuration. Out: a `Resolution`: the distribution to apply, and for a
 dynamic reply address, the router that owns it; or the precise `amqp:not-found` text.
 
-Dynamic reply addresses are `_dynamic/<router-id>/<n>`: the owner is in the name, so any router of
+Dynamic reply addresses are `_dynamic/<router-id>/<life>.<n>` (`contracts.ReplyAddresses`, the
+one naming rule a brokered space's broker follows too): the owner is in the name, so any router of
 the mesh routes a reply towards it without waiting for the owner to advertise every reply address.
 They live as long as the receiver link the router assigned them to.
 """
 
 from __future__ import annotations
 
-import itertools
-import secrets
 from dataclasses import dataclass
 
-from enmasse.resources.contracts import DYNAMIC_PREFIX, SUBSCRIPTION_SEPARATOR
+from enmasse.resources.contracts import SUBSCRIPTION_SEPARATOR, dynamic_owner
 from enmasse.router.config import AddressRoute, Distribution, RouterConfig
 
 DYNAMIC = "dynamic"
@@ -60,26 +59,6 @@ class Resolution:
 
 class UnknownAddress(LookupError):
     """The address is not configured in the space; str() is the amqp:not-found description."""
-
-
-class ReplyAddresses:
-    """Allocates this router's dynamic reply addresses; unique across restarts of the router."""
-
-    def __init__(self, router_id: str) -> None:
-        self.router_id = router_id
-        self._life = secrets.token_hex(4)
-        self._counter = itertools.count(1)
-
-    def allocate(self) -> str:
-        return f"{DYNAMIC_PREFIX}{self.router_id}/{self._life}.{next(self._counter)}"
-
-
-def dynamic_owner(address: str) -> str | None:
-    """The router id inside a dynamic reply address; None for any other address."""
-    if not address.startswith(DYNAMIC_PREFIX):
-        return None
-    owner, slash, rest = address[len(DYNAMIC_PREFIX) :].partition("/")
-    return owner if owner and slash and rest else None
 
 
 def resolve(address: str, *, config: RouterConfig) -> Resolution:

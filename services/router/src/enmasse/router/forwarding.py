@@ -67,16 +67,10 @@ from enmasse.amqp.message_trace import MARK, flagged_unsampled
 from enmasse.amqp.selector import SelectorError, selector_of
 from enmasse.amqp.wire import OUTCOME_ACCEPTED, OUTCOME_NONE
 from enmasse.resources.authorization import RECV, SEND
+from enmasse.resources.contracts import ReplyAddresses, dynamic_owner
 from enmasse.resources.permissions import Permissions, browses, logged_in_as
 from enmasse.router import windows
-from enmasse.router.addressing import (
-    DYNAMIC,
-    ReplyAddresses,
-    Resolution,
-    UnknownAddress,
-    dynamic_owner,
-    resolve,
-)
+from enmasse.router.addressing import DYNAMIC, Resolution, UnknownAddress, resolve
 from enmasse.router.config import Distribution, RouterConfig
 from enmasse.router.fanout import CopyQueue
 from enmasse.router.hops import traced_hop
