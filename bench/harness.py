@@ -43,7 +43,7 @@ from typing import Any
 
 from enmasse.amqp import client as amqp_client
 from enmasse.amqp import codec
-from enmasse.amqp.engine import settle_gc_for_message_loop
+from enmasse.amqp.engine import Tls, settle_gc_for_message_loop
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS = BENCH_DIR / "RESULTS.md"
@@ -244,6 +244,8 @@ def throughput(
     user: str | None = None,
     password: str | None = None,
     peer_pid: int | None = None,
+    tls: Tls | None = None,
+    hostname: str | None = None,
 ) -> Throughput:
     """N messages through a peer (broker, router, RabbitMQ) from producer to consumer processes.
 
@@ -251,6 +253,7 @@ def throughput(
     (address[i % len] for producer i and consumer i). Consumers stop when all of them together
     received `messages` (a shared counter), or after 10 s with nothing new (loss). peer_pid:
     the peer's process, whose CPU per message is reported too (from /proc: any process will do).
+    tls (hostname: the name its certificate is checked against): every client speaks amqps.
     """
     addresses = [address] if isinstance(address, str) else list(address)
     out, ready = _SPAWN.Queue(), [_SPAWN.Event() for _ in range(consumers)]
@@ -259,6 +262,8 @@ def throughput(
     common = {"host": host, "port": port, "time_limit": time_limit}
     if user is not None:
         common |= {"user": user, "password": password}
+    if tls is not None:
+        common |= {"tls": tls, "hostname": hostname}
     receivers = [
         _SPAWN.Process(
             target=_receiver_worker,

@@ -12,6 +12,10 @@ machine is touched. If the package is missing, `ensure_installed` installs it wi
 a temporary policy-rc.d so that Debian's post-install does not start a system-wide node.
 
 Addresses: the 3.10 plugin maps `/queue/<name>` to a queue it declares on attach.
+
+TLS (`rabbitmq(tls=files)`): an ssl listener on a free port of its own (`node.tls_port`), with
+the certificate, key and CA of a `TlsFiles` directory (`enmasse.common.certificates`); clients
+are not asked for a certificate. The AMQP 1.0 plugin serves that listener too.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from enmasse.amqp.client import Client
+from enmasse.common.certificates import TlsFiles
 
 from bench.harness import Context, Table, latency_table, suite, throughput_table
 
@@ -88,10 +93,12 @@ def _epmd_binary() -> str:
 class RabbitMQNode:
     """One throwaway node. start() blocks until it accepts AMQP 1.0; stop() ends what it started."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, tls: TlsFiles | None = None) -> None:
         self.workdir = workdir
         self.host = "127.0.0.1"
         self.port = _free_port()
+        self.tls = tls
+        self.tls_port = _free_port() if tls is not None else 0
         self.epmd_port = _free_port()
         self.dist_port = _free_port()
         self.server: subprocess.Popen[bytes] | None = None
@@ -136,7 +143,7 @@ class RabbitMQNode:
         (base / "rabbitmq.conf").write_text(
             f"listeners.tcp.default = {self.host}:{self.port}\n"
             "loopback_users = none\n"
-            f"amqp1_0.default_user = {USER}\n"
+            f"amqp1_0.default_user = {USER}\n" + self._tls_config()
         )
         (base / "advanced.config").write_text("[].\n")
         env = self._environment()
@@ -161,6 +168,18 @@ class RabbitMQNode:
         except BaseException:
             self.stop()
             raise
+
+    def _tls_config(self) -> str:
+        if self.tls is None:
+            return ""
+        return (
+            f"listeners.ssl.default = {self.host}:{self.tls_port}\n"
+            f"ssl_options.cacertfile = {self.tls.ca}\n"
+            f"ssl_options.certfile = {self.tls.cert}\n"
+            f"ssl_options.keyfile = {self.tls.key}\n"
+            "ssl_options.verify = verify_none\n"
+            "ssl_options.fail_if_no_peer_cert = false\n"
+        )
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -207,10 +226,11 @@ class RabbitMQNode:
 
 
 @contextlib.contextmanager
-def rabbitmq() -> Iterator[RabbitMQNode]:
-    """A running throwaway node in a temp dir, stopped and removed on exit."""
+def rabbitmq(*, tls: TlsFiles | None = None) -> Iterator[RabbitMQNode]:
+    """A running throwaway node in a temp dir, stopped and removed on exit; with `tls`, an ssl
+    listener too (`node.tls_port`)."""
     with tempfile.TemporaryDirectory(prefix="bench-rabbitmq-") as tmp:
-        node = RabbitMQNode(Path(tmp))
+        node = RabbitMQNode(Path(tmp), tls=tls)
         node.start()
         try:
             yield node
