@@ -287,19 +287,16 @@ MESSAGE_PLANE: dict[str, dict[str, Seen]] = {
 }
 
 # The brokered space's broker is that space's client endpoint: the same identities, the same
-# rules, on queues. It has no anonymous relay and no dynamic addresses (JMS temporary queues are
-# not served), and says so at the attach.
+# rules, on queues. It has no anonymous relay, and says so at the attach; its dynamic (temporary)
+# queues behave as a router's dynamic reply addresses.
 BROKERED_OPERATIONS = OPERATIONS[:-1]
 BROKERED: dict[str, dict[str, Seen]] = {
     identity: {op: MESSAGE_PLANE[identity][op] for op in BROKERED_OPERATIONS}
     for identity in MESSAGE_PLANE
 }
 NO_TARGET = refused("the broker needs a target address", condition=NOT_IMPLEMENTED)
-NO_SOURCE = refused("the broker needs a source address", condition=NOT_IMPLEMENTED)
 for _identity in ("sender", "reader"):
-    BROKERED[_identity].update(
-        {"relay to pq": NO_TARGET, "relay to pq2": NO_TARGET, "dynamic reply": NO_SOURCE}
-    )
+    BROKERED[_identity].update({"relay to pq": NO_TARGET, "relay to pq2": NO_TARGET})
 
 # ================================================================ table 2: the admin API
 

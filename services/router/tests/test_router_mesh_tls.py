@@ -176,7 +176,8 @@ def test_a_router_without_the_spaces_certificate_stays_out_on_either_side(
             where=lambda line: str(line["peer"]).startswith("127.0.0.1:"),
         )
         assert dialled["condition"] == FRAMING
-        assert str(dialled["error"]).startswith("TLS handshake failed: "), dialled
+        # Which of the TLS layer's words come first depends on when the peer hangs up.
+        assert str(dialled["error"]).startswith(("TLS handshake failed: ", "TLS failed: ")), dialled
         expected = (
             "certificate verify failed" if stranger == "another CA" else "wrong version number"
         )
