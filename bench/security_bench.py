@@ -64,7 +64,7 @@ from enmasse.common.certificates import (
     ensure_authority,
     ensure_certificate,
 )
-from enmasse.common.passwords import SCRAM_MECHANISMS, hash_password, scram_keys
+from enmasse.common.passwords import hash_password, scram_credentials
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2, router_pb2
 from proton import Event, SSLDomain
 from proton.handlers import MessagingHandler
@@ -208,13 +208,13 @@ class RouterUsers:
         bench = router_pb2.RouterUser(
             username=BENCH_USER,
             password_hash=hash_password(BENCH_PASSWORD),
-            scram_credentials=_scram_credentials(BENCH_PASSWORD),
+            scram_credentials=scram_credentials(BENCH_PASSWORD),
             authorization=[router_pb2.RouterRule(addresses=["#"], operations=["send", "recv"])],
         )
         return cls(
             bench=bench,
             watcher_hash=hash_password(WATCHER_PASSWORD),
-            watcher_keys=tuple(_scram_credentials(WATCHER_PASSWORD)),
+            watcher_keys=tuple(scram_credentials(WATCHER_PASSWORD)),
         )
 
     def config(self, generation: int, *, watcher_receives: bool) -> router_pb2.RouterConfig:
@@ -233,20 +233,6 @@ class RouterUsers:
             allow_anonymous=True,
             allow_plain_without_tls=True,
         )
-
-
-def _scram_credentials(password: str) -> list[resources_pb2.ScramCredential]:
-    keys = [scram_keys(password, mechanism=m) for m in SCRAM_MECHANISMS]
-    return [
-        resources_pb2.ScramCredential(
-            mechanism=k.mechanism,
-            salt=k.salt,
-            iterations=k.iterations,
-            stored_key=k.stored_key,
-            server_key=k.server_key,
-        )
-        for k in keys
-    ]
 
 
 @contextlib.contextmanager

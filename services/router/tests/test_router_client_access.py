@@ -14,8 +14,8 @@ import pytest
 from enmasse.amqp import codec
 from enmasse.amqp.client import AmqpError, Client
 from enmasse.amqp.engine import Condition, Outcome, Tls
-from enmasse.common.passwords import SCRAM_MECHANISMS, hash_password, scram_keys
-from enmasse.v1 import resources_pb2, router_pb2
+from enmasse.common.passwords import hash_password, scram_credentials
+from enmasse.v1 import router_pb2
 
 from tests.fixtures.router import RouterFleet, RouterProcess
 
@@ -58,25 +58,11 @@ def _config(
                 username=name,
                 password_hash=hash_password(password),
                 authorization=[EVERYWHERE],
-                scram_credentials=_scram_credentials(password),
+                scram_credentials=scram_credentials(password),
             )
             for name, password in users.items()
         ],
     )
-
-
-def _scram_credentials(password: str) -> list[resources_pb2.ScramCredential]:
-    keys = [scram_keys(password, mechanism=m) for m in SCRAM_MECHANISMS]
-    return [
-        resources_pb2.ScramCredential(
-            mechanism=k.mechanism,
-            salt=k.salt,
-            iterations=k.iterations,
-            stored_key=k.stored_key,
-            server_key=k.server_key,
-        )
-        for k in keys
-    ]
 
 
 def _tls_router(

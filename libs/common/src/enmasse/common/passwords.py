@@ -14,6 +14,7 @@ Beside the scrypt hash (what SASL PLAIN is checked against), a password gives SC
 salt, an iteration count, the stored key and the server key. A SCRAM server needs only those to
 check a login (a few HMACs, no key derivation), and they cannot be replayed as a password; they
 still let whoever holds them pose as the server, so they are secrets like the hash.
+`scram_credentials` gives them as the MessagingUser stores them, one per mechanism.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import secrets
 from dataclasses import dataclass, field
 
 import scramp
+from enmasse.v1 import resources_pb2
 
 SCHEME = "scrypt"
 _N, _R, _P = 2**14, 8, 1
@@ -56,6 +58,20 @@ def scram_keys(password: str, *, mechanism: str, iterations: int = SCRAM_ITERATI
     except scramp.ScramException as error:
         raise ValueError(str(error)) from error
     return ScramKeys(mechanism, salt, rounds, stored_key, server_key)
+
+
+def scram_credentials(password: str) -> list[resources_pb2.ScramCredential]:
+    """The salted SCRAM keys of `password` for every mechanism, as a MessagingUser stores them."""
+    return [
+        resources_pb2.ScramCredential(
+            mechanism=keys.mechanism,
+            salt=keys.salt,
+            iterations=keys.iterations,
+            stored_key=keys.stored_key,
+            server_key=keys.server_key,
+        )
+        for keys in (scram_keys(password, mechanism=m) for m in SCRAM_MECHANISMS)
+    ]
 
 
 def hash_password(password: str) -> str:

@@ -27,9 +27,8 @@ from typing import Any
 
 import grpc
 from enmasse.common.passwords import (
-    SCRAM_MECHANISMS,
     hash_password,
-    scram_keys,
+    scram_credentials,
     verify_password,
 )
 from enmasse.config.store import Commit
@@ -263,15 +262,7 @@ def _hash_into(user: resources_pb2.MessagingUser) -> None:
     if password:
         user.spec.password_hash = hash_password(password)
         user.spec.ClearField("scram_credentials")
-        for mechanism in SCRAM_MECHANISMS:
-            keys = scram_keys(password, mechanism=mechanism)
-            user.spec.scram_credentials.add(
-                mechanism=keys.mechanism,
-                salt=keys.salt,
-                iterations=keys.iterations,
-                stored_key=keys.stored_key,
-                server_key=keys.server_key,
-            )
+        user.spec.scram_credentials.extend(scram_credentials(password))
     user.spec.password = ""
 
 
