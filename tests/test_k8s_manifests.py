@@ -589,7 +589,8 @@ async def test_the_exec_health_probe_answers_through_mutual_tls(tmp_path: Path) 
             env={"ENMASSE_TLS_DIR": str(tls.directory)},
             stdout=asyncio.subprocess.DEVNULL,
         )
-        return await asyncio.wait_for(process.wait(), timeout=30)
+        async with asyncio.timeout(30):
+            return await process.wait()
 
     try:
         assert await probe() == 0

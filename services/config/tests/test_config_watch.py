@@ -215,7 +215,8 @@ async def test_informer_across_config_sigkill_and_restart(
     informer = recorder.informer(lambda: config.target, kinds=["Address"], space="shop")
     informer.start()
     try:
-        await asyncio.wait_for(informer.synced.wait(), 15)
+        async with asyncio.timeout(15):
+            await informer.synced.wait()
         config.kill()
         config.start()  # same port, new process
         async with grpc.aio.insecure_channel(config.target) as channel:
@@ -253,7 +254,8 @@ async def test_watch_across_etcd_sigkill_and_restart(fresh_etcd, etcd_prefix) ->
             raw = stub.Watch(config_pb2.WatchRequest(kinds=["Address"]))
             assert seen((await take(raw, 2))[:1]) == [("ADDED", "q1")]
             informer.start()
-            await asyncio.wait_for(informer.synced.wait(), 15)
+            async with asyncio.timeout(15):
+                await informer.synced.wait()
             await stub.CreateAddress(queue("q2"))
             fresh_etcd.kill()
             fresh_etcd.start()
@@ -286,7 +288,8 @@ async def test_compacted_revision_is_out_of_range_and_the_informer_relists(
             for name in ("keep", "change", "drop"):
                 await stub.CreateAddress(queue(name))
             informer.start()
-            await asyncio.wait_for(informer.synced.wait(), 15)
+            async with asyncio.timeout(15):
+                await informer.synced.wait()
             await recorder.until(3)
             await informer.stop()  # away for a while
             old = informer.revision
@@ -357,10 +360,12 @@ async def test_informer_view_and_a_failing_handler(config_server, config_stub) -
     informer = Informer(target=config_server.target, kinds=["Address"], on_added=on_added)
     informer.start()
     try:
-        await asyncio.wait_for(informer.synced.wait(), 15)
+        async with asyncio.timeout(15):
+            await informer.synced.wait()
         await config_stub.CreateAddress(queue("boom"))
         last = await config_stub.CreateAddress(queue("after"))
-        await asyncio.wait_for(done.wait(), 15)
+        async with asyncio.timeout(15):
+            await done.wait()
     finally:
         await informer.stop()
     assert seen_names == ["boom", "after"]
@@ -385,7 +390,8 @@ async def test_informer_cut_inside_a_transaction_replays_it_without_repeats(
     informer = recorder.informer(config_server.target, kinds=["Address"])
     informer.start()
     try:
-        await asyncio.wait_for(informer.synced.wait(), 15)
+        async with asyncio.timeout(15):
+            await informer.synced.wait()
         deleted = await config_stub.DeleteAddressSpace(
             config_pb2.DeleteRequest(ref=Ref(name="shop"))
         )

@@ -165,11 +165,13 @@ async def measure(count: int, credit: float, mode: str) -> None:
             stub = config_pb2_grpc.ConfigServiceStub(channel)
             await declare(stub, credit)
             await stub.CreateAddress(queue("warm-up"), timeout=10)
-            await asyncio.wait_for(warm.wait(), GIVE_UP)
+            async with asyncio.timeout(GIVE_UP):
+                await warm.wait()
             began = time.monotonic()
             await create(stub, count, mode, created)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(done.wait(), GIVE_UP)
+                async with asyncio.timeout(GIVE_UP):
+                    await done.wait()
         report(count, credit, mode, created, ready, began, runtime, controller.pid)
     finally:
         following.cancel()

@@ -281,7 +281,8 @@ async def test_the_brokers_clients_are_the_spaces_users_as_their_rules_say(
             await create_user(
                 config, "writer", space="jms", rules=[(["invoices"], ["recv"])], update=True
             )
-            closed = await asyncio.wait_for(asyncio.wrap_future(sender.detached), WAIT)
+            async with asyncio.timeout(WAIT):
+                closed = await asyncio.wrap_future(sender.detached)
             print(f"rule change to detach: {(time.monotonic() - started) * 1000:.0f} ms")
             assert closed == unauthorized("user 'writer' may not send to 'invoices'")
             assert not writer.closed_with.done(), "the connection stays"

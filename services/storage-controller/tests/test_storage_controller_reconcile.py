@@ -168,7 +168,7 @@ async def test_addresses_become_brokers_queues_and_statuses(
         files = {p.name: p.read_bytes() for p in space_dir.iterdir()}
         versions = {
             n: (
-                await config.GetAddress(config_pb2.ObjectRef(space="shop", name=n))
+                await config.GetAddress(config_pb2.ObjectRef(space="shop", name=n), timeout=5)
             ).metadata.resource_version
             for n in ("q1", "q2")
         }
@@ -177,7 +177,9 @@ async def test_addresses_become_brokers_queues_and_statuses(
         await eventually(lambda: _after_passes(controller, 1), "a pass of the restarted controller")
         assert {p.name: p.read_bytes() for p in space_dir.iterdir()} == files
         for name, version in versions.items():
-            found = await config.GetAddress(config_pb2.ObjectRef(space="shop", name=name))
+            found = await config.GetAddress(
+                config_pb2.ObjectRef(space="shop", name=name), timeout=5
+            )
             assert found.metadata.resource_version == version, f"{name} status rewritten"
 
         # deleting the space removes all its brokers

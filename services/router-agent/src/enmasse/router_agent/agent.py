@@ -149,7 +149,8 @@ class RouterAgent:
         await self.informer.synced.wait()
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.tick)
+                async with asyncio.timeout(self.tick):
+                    await self._wake.wait()
             self._wake.clear()
             try:
                 await self.reconcile()

@@ -236,7 +236,8 @@ class StorageController:
                 self._hurry = False  # work was cut into slices: the next slice at once
             elif self._dirty:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.resync_interval)
+                    async with asyncio.timeout(self.resync_interval):
+                        await self._wake.wait()
             else:
                 await self._idle()
                 if not self._wake.is_set() and self._figures_due():
@@ -250,10 +251,12 @@ class StorageController:
         brokered = self._brokered_spaces()
         if not brokered:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.figures_interval)
+                async with asyncio.timeout(self.figures_interval):
+                    await self._wake.wait()
             return
         try:
-            await asyncio.wait_for(self._wake.wait(), self.access_check_interval)
+            async with asyncio.timeout(self.access_check_interval):
+                await self._wake.wait()
         except TimeoutError:
             self._endpoints.clear()
             for space in brokered:

@@ -219,7 +219,8 @@ class DurableSubscriptions:
 
     async def _synced(self) -> None:
         try:
-            await asyncio.wait_for(self.informer.synced.wait(), timeout=CALL_DEADLINE)
+            async with asyncio.timeout(CALL_DEADLINE):
+                await self.informer.synced.wait()
         except TimeoutError:
             raise Refusal(
                 grpc.StatusCode.UNAVAILABLE, "the config service has not answered yet; retry"
@@ -276,7 +277,8 @@ class DurableSubscriptions:
         await self.informer.synced.wait()
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=PASS_SECONDS)
+                async with asyncio.timeout(PASS_SECONDS):
+                    await self._wake.wait()
             self._wake.clear()
             try:
                 await self.ensure_subscription_addresses()
