@@ -30,7 +30,8 @@ What flows out: tables, never assertions.
    the router (what the router-agent does; the figure is the router's), and the whole control
    plane (ConfigService.UpdateMessagingUser -> router-agent -> router, under `enmasse up`).
 
-`python -m bench security [--quick] [--record]`.
+`python -m bench security [--quick] [--record]`; `python -m bench security-tls` runs part 2 for
+our router alone.
 """
 
 from __future__ import annotations
@@ -816,18 +817,22 @@ class Tables:
         return [self.setup, self.throughput, self.ratios, self.rules]
 
 
+def _router_endpoint(router: RouterProcess, amqps_port: int, files: TlsFiles) -> Endpoint:
+    return Endpoint(
+        system=ROUTER,
+        plain_port=router.amqp_port,
+        tls_port=amqps_port,
+        ca_file=str(files.ca),
+        user=BENCH_USER,
+        password=BENCH_PASSWORD,
+        peer_pid=router.pid,
+    )
+
+
 def _router_part(tables: Tables, scale: Scale, files: TlsFiles) -> None:
     users = RouterUsers.make()
     with secured_router(files, users) as (router, amqps_port):
-        endpoint = Endpoint(
-            system=ROUTER,
-            plain_port=router.amqp_port,
-            tls_port=amqps_port,
-            ca_file=str(files.ca),
-            user=BENCH_USER,
-            password=BENCH_PASSWORD,
-            peer_pid=router.pid,
-        )
+        endpoint = _router_endpoint(router, amqps_port, files)
         setup_rows(tables.setup, endpoint, scale)
         measured = tls_throughputs(endpoint, scale, addresses=lambda _n: PAIRS)
         throughput_rows(tables.throughput, tables.ratios, ROUTER, measured)
@@ -889,6 +894,11 @@ def security_tables(scale: Scale) -> list[Table]:
         "the plan allowing ANONYMOUS and PLAIN without TLS; a PLAIN login's first check is an "
         "scrypt hash, later ones of the same password are remembered (first ms)."
     )
+    _throughput_notes(tables, scale)
+    return tables.all()
+
+
+def _throughput_notes(tables: Tables, scale: Scale) -> None:
     tables.throughput.notes.append(
         f"Each row is the median of {scale.repeats} run(s) by msgs/s (plain and TLS runs "
         "alternating); every run's msgs/s beside it."
@@ -899,12 +909,30 @@ def security_tables(scale: Scale) -> list[Table]:
         "Clients log in with PLAIN on both ports; the router does the server's TLS in Python's "
         "ssl module (memory BIO) under its own SASL, the clients with proton's OpenSSL."
     )
-    return tables.all()
+
+
+def tls_cost_tables(scale: Scale) -> list[Table]:
+    """Part 2 alone, for our router: throughput with TLS off and on, nothing else (no set-up
+    rows, no RabbitMQ, no `enmasse up`): the short way to see what client-port TLS costs."""
+    tables = Tables()
+    with tempfile.TemporaryDirectory(prefix="security-bench-tls-") as tmp:
+        router_files, _ = certificates(Path(tmp))
+        with secured_router(router_files, RouterUsers.make()) as (router, amqps_port):
+            endpoint = _router_endpoint(router, amqps_port, router_files)
+            measured = tls_throughputs(endpoint, scale, addresses=lambda _n: PAIRS)
+            throughput_rows(tables.throughput, tables.ratios, ROUTER, measured)
+    _throughput_notes(tables, scale)
+    return [tables.throughput, tables.ratios]
 
 
 @suite("security", "connection set-up per mechanism, TLS on/off throughput, rule change -> link")
 def security_suite(ctx: Context) -> Iterator[Table]:
     yield from security_tables(Scale.of(ctx))
+
+
+@suite("security-tls", "the router client port's throughput, TLS off and on (security, part 2)")
+def security_tls_suite(ctx: Context) -> Iterator[Table]:
+    yield from tls_cost_tables(Scale.of(ctx))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from bench.security_bench import (
     Endpoint,
     security_tables,
     setup_rows,
+    tls_cost_tables,
 )
 
 pytestmark = pytest.mark.slow
@@ -70,6 +71,18 @@ def test_the_security_bench_runs_in_a_tiny_configuration() -> None:
     for table in (setup, flow, ratios):
         assert f"{RABBITMQ} skipped: not asked for in this run" in table.notes
     assert "The path through `enmasse up` was not asked for in this run." in rules.notes
+
+
+def test_the_tls_cost_suite_runs_the_router_throughput_part_alone() -> None:
+    flow, ratios = tls_cost_tables(TINY)
+
+    moved = _rows(flow)
+    assert [(r["system"], r["transport"], r["size B"]) for r in moved] == [
+        (ROUTER, transport, size) for size in (100, 1024) for transport in ("plain", "TLS")
+    ]
+    for row in moved:
+        assert (row["received"], row["errors"]) == (TINY.messages, "-"), row
+    assert [r["target"] for r in _rows(ratios)] == [">= 0.75", ">= 0.75"]
 
 
 def test_a_mechanism_a_port_does_not_offer_is_reported_not_tried(amqp_listener) -> None:

@@ -25,7 +25,7 @@ from enmasse.amqp.engine import (
     Link,
     Tls,
 )
-from enmasse.amqp.tls import TlsFailure, TlsSession, server_context
+from enmasse.amqp.tls import RECORD_SIZE, TlsFailure, TlsSession, server_context
 from proton import Message, SSLDomain
 from proton.utils import BlockingConnection
 
@@ -94,6 +94,62 @@ def test_session_refuses_plain_amqp_and_bad_files(tls_certificate, tmp_path):
     with pytest.raises(ValueError, match="needs cert_file and key_file") as half:
         server_context(Tls(cert_file=cert))
     assert str(half.value) == "a TLS listener needs cert_file and key_file"
+
+
+def test_session_decrypts_each_record_as_soon_as_it_is_whole(tls_certificate):
+    """feed() in pieces that cut records (and their 5-byte headers) anywhere: read_into() brings
+    every record out as soon as its last byte came, and never asks OpenSSL for half a record."""
+    cert, key = tls_certificate("listener")
+    session = TlsSession(server_context(Tls(cert_file=cert, key_file=key)))
+    client = MemoryClient(cert)
+    client.handshake(session)
+    asked = []
+    real_read = session._ssl.read
+
+    def read(size: int, buffer: memoryview) -> int:
+        try:
+            return real_read(size, buffer)  # type: ignore[return-value]
+        except ssl.SSLWantReadError:
+            asked.append(size)  # OpenSSL was asked for a record that was not all there
+            raise
+
+    session._ssl.read = read  # type: ignore[method-assign, assignment]
+    buffer = memoryview(bytearray(RECORD_SIZE))
+    records = []
+    for n in range(60):
+        body = bytes([n]) * (n * 271 + 1)  # up to 16,260 B: one record each
+        client.ssl.write(body)
+        records.append((body, client.outgoing.read()))
+    stream = memoryview(b"".join(ciphertext for _, ciphertext in records))
+    cuts = [1, 2, 3, 4, 5, 6, 7, 100, 4000, 17000]
+    ends = [0]
+    for _, ciphertext in records:
+        ends.append(ends[-1] + len(ciphertext))
+    position, decrypted, piece = 0, bytearray(), 0
+    while position < len(stream):
+        size = cuts[piece % len(cuts)]
+        piece += 1
+        session.feed(stream[position : position + size])
+        position = min(position + size, len(stream))
+        while got := session.read_into(buffer, RECORD_SIZE):
+            decrypted += buffer[:got]
+        whole = sum(1 for end in ends[1:] if end <= position)
+        assert len(decrypted) == sum(len(body) for body, _ in records[:whole])
+    assert bytes(decrypted) == b"".join(body for body, _ in records)
+    assert asked == []
+    # A record cut in two: nothing after the first half, all of it right after the second.
+    client.ssl.write(b"halves")
+    ciphertext = client.outgoing.read()
+    session.feed(ciphertext[:7])
+    assert session.read_into(buffer, RECORD_SIZE) == 0
+    session.feed(ciphertext[7:])
+    assert session.read_into(buffer, RECORD_SIZE) == len(b"halves")
+    assert bytes(buffer[:6]) == b"halves"
+    # A header announcing more than any record holds is refused at once, not waited for.
+    session.feed(b"\x17\x03\x03\xff\xff" + b"\x00" * 10)
+    with pytest.raises(TlsFailure) as garbled:
+        session.read_into(buffer, RECORD_SIZE)
+    assert str(garbled.value) == "TLS failed: packet length too long"
 
 
 # -- real clients over loopback ------------------------------------------------------------------

@@ -23,17 +23,29 @@ ours (SCRAM) is in the same position as such a listener, from the other end: `cl
 verifies the server as proton's client TLS does (`wire.client_tls`), and `TlsSession.start`
 sends its hello. `mutual_tls` names the `Tls` of the internal links (the mesh, router -> broker,
 a drain, the subscription service's attach): a process's own certificate directory.
+
+Every message of such a connection passes here twice, so nothing is copied that need not be:
+the engine feeds the socket's bytes in (`feed`, from its reused buffer), takes the plaintext out
+a record at a time into another reused buffer (`read_into`), and hands proton's output to
+`send` as a memoryview. Most of what remains is OpenSSL's own (on the bench machine a record
+costs about 1.8 µs whatever its size, plus about 0.5 µs a KiB, either way).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ssl
+from typing import TYPE_CHECKING
 
 from enmasse.amqp.wire import Tls
 from enmasse.common.certificates import TlsFiles
 
-_READ_CHUNK = 256 * 1024
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer, WriteableBuffer
+
+RECORD_SIZE = 16 * 1024  # a TLS record's plaintext at most: what one read_into() brings
+_HEADER = 5  # a TLS record's header: type (1), version (2), length of what follows (2)
+_LONGEST = RECORD_SIZE + 2048  # what a header may announce (TLS 1.2's limit; 1.3's is lower)
 
 
 class TlsFailure(Exception):
@@ -110,6 +122,13 @@ class TlsSession:
         self.established = False  # the handshake is done: application data may flow
         self.peer_closed = False  # the client sent close_notify: no more data will come
         self.closing = False  # our close_notify is queued: nothing more will be sent
+        # Where the client's records end, in ciphertext offsets since the start (see _track):
+        # read_into() asks OpenSSL only when a whole record is there to decrypt.
+        self._fed = 0  # ciphertext fed so far
+        self._next_header = 0  # where the next record's header starts
+        self._complete = 0  # the end of the last whole record fed
+        self._header = b""  # the start of a header the last feed ended inside of
+        self._garbled = False  # a header announced too much: OpenSSL is to say so at once
 
     def start(self) -> None:
         """The client's first handshake message, waiting in take_output()."""
@@ -119,34 +138,91 @@ class TlsSession:
     def receive(self, ciphertext: bytes) -> bytes:
         """Takes what the socket delivered; returns the plaintext it completes (often b"" while
         the handshake runs). Handshake answers wait in take_output()."""
-        self._incoming.write(ciphertext)
-        if not self.established:
-            try:
-                self._ssl.do_handshake()
-            except ssl.SSLWantReadError:
-                return b""
-            except ssl.SSLError as err:
-                raise TlsFailure(f"TLS handshake failed: {_reason(err)}") from err
-            self.established = True
+        self.feed(ciphertext)
+        buffer = bytearray(RECORD_SIZE)
         chunks = []
-        while not self.peer_closed:
-            try:
-                chunk = self._ssl.read(_READ_CHUNK)
-            except ssl.SSLWantReadError:
-                break
-            except ssl.SSLZeroReturnError:
-                self.peer_closed = True
-                break
-            except ssl.SSLError as err:
-                raise TlsFailure(f"TLS failed: {_reason(err)}") from err
-            if not chunk:
-                self.peer_closed = True
-                break
-            chunks.append(chunk)
+        while got := self.read_into(buffer, RECORD_SIZE):
+            chunks.append(bytes(buffer[:got]))
         return b"".join(chunks)
 
-    def send(self, plaintext: bytes) -> None:
-        """Encrypts plaintext (only once established); the records wait in take_output()."""
+    def feed(self, ciphertext: bytes | memoryview) -> None:
+        """Takes what the socket delivered (it is copied, so the caller may reuse the buffer);
+        read_into() decrypts it."""
+        self._incoming.write(ciphertext)
+        self._track(ciphertext)
+
+    def _track(self, data: bytes | memoryview) -> None:
+        """Follows the record headers through the ciphertext just fed, so that `_complete`
+        says where the last whole record ends. Every TLS version frames its records alike."""
+        start = self._fed
+        end = self._fed = start + len(data)
+        while self._next_header + _HEADER <= end:
+            self._complete = self._next_header  # the record before this header is whole
+            at = self._next_header - start  # negative: the header began in an earlier feed
+            if at >= 0:
+                length = data[at + 3] << 8 | data[at + 4]
+            else:
+                header = self._header + bytes(data[: at + _HEADER])
+                length = header[3] << 8 | header[4]
+            if length > _LONGEST:
+                self._garbled = True  # no TLS; read_into() lets OpenSSL refuse it
+                return
+            self._next_header += _HEADER + length
+        if self._next_header <= end:  # the last record whose header we know is whole too
+            self._complete = self._next_header
+        if self._next_header >= end:
+            self._header = b""  # the feed ended on a boundary or inside a record's body
+        elif self._next_header >= start:
+            self._header = bytes(data[self._next_header - start :])
+        else:
+            self._header += bytes(data)
+
+    def read_into(self, buffer: WriteableBuffer, size: int) -> int:
+        """Decrypts what feed() brought into buffer, at most size bytes (a writable buffer that
+        the caller reuses); returns how many bytes, 0 when nothing more is there until more
+        ciphertext comes (or the client closed: peer_closed). Runs the handshake first; its
+        answers wait in take_output(). Call again until it returns 0: a record at a time.
+
+        Why so: the hot path of a TLS connection. Decrypting into the caller's buffer makes no
+        bytes object per record (a read of n bytes allocates n first), and OpenSSL is asked
+        only when a whole record waits (`_track`): a socket read often ends inside a record,
+        and asking then costs an exception (SSLWantReadError) each time."""
+        if not self.established and not self._handshake():
+            return 0
+        if self.peer_closed:
+            return 0
+        # OpenSSL takes from the BIO no further than the record it reads (no read-ahead): if
+        # it took all the whole records, what is left is the start of one at most.
+        taken = self._fed - self._incoming.pending
+        if taken >= self._complete and not self._garbled and not self._ssl.pending():
+            return 0
+        try:
+            # With a buffer, read() returns the count (typeshed says bytes).
+            got: int = self._ssl.read(size, buffer)  # type: ignore[assignment]
+        except ssl.SSLWantReadError:
+            return 0  # a record not complete yet
+        except ssl.SSLZeroReturnError:
+            got = 0
+        except ssl.SSLError as err:
+            raise TlsFailure(f"TLS failed: {_reason(err)}") from err
+        if not got:
+            self.peer_closed = True  # close_notify
+        return got
+
+    def _handshake(self) -> bool:
+        """Takes the handshake a step on; True once it is done."""
+        try:
+            self._ssl.do_handshake()
+        except ssl.SSLWantReadError:
+            return False
+        except ssl.SSLError as err:
+            raise TlsFailure(f"TLS handshake failed: {_reason(err)}") from err
+        self.established = True
+        return True
+
+    def send(self, plaintext: ReadableBuffer) -> None:
+        """Encrypts plaintext (any buffer, e.g. a memoryview of proton's output: it is not kept),
+        only once established; the records wait in take_output()."""
         if not self.closing:
             self._ssl.write(plaintext)
 

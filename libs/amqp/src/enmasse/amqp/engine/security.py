@@ -48,7 +48,7 @@ from enmasse.amqp import sasl
 from enmasse.amqp.engine.endpoints import Connection, Listener
 from enmasse.amqp.engine.loop import READS_PER_WAKEUP, Timer
 from enmasse.amqp.throttle import LoginThrottle, peer_host
-from enmasse.amqp.tls import TlsFailure, TlsSession, client_context
+from enmasse.amqp.tls import RECORD_SIZE, TlsFailure, TlsSession, client_context
 from enmasse.amqp.wire import Condition, Tls
 
 __all__ = ["Guard"]
@@ -57,6 +57,7 @@ log = structlog.get_logger("enmasse.amqp")
 
 _RECV_CHUNK = 256 * 1024
 _SEND_CHUNK = 256 * 1024
+_PLAIN_CHUNK = 256 * 1024  # plaintext decrypted for proton at most per push (whole records)
 TRUSTED_LOGIN_THREADS = 2
 DOUBTFUL_QUEUE = 8  # doubtful PLAIN checks waiting or running at once; more are turned away
 _QUEUE_FULL = "too many doubtful logins waiting to be checked; try again later"
@@ -94,10 +95,16 @@ class Guard:
         self._trusted_peers: Counter[str] = Counter()  # peer host -> its checks on trusted lane
         # Plain connections read and write straight between socket and proton (amqp_hotpath);
         # these serve the ones whose bytes pass through our own SASL or TLS first.
+        # With TLS, bytes pass through these buffers as memoryviews (no bytes object per read,
+        # record or flush): ciphertext from the socket, plaintext decrypted for proton, and
+        # proton's output on its way to be encrypted.
         self._inbuf = ffi.new("char[]", _RECV_CHUNK)
         self._inview = ffi.buffer(self._inbuf)
+        self._inmem = memoryview(self._inview)
+        self._plainbuf = ffi.new("char[]", _PLAIN_CHUNK)
+        self._plainmem = memoryview(ffi.buffer(self._plainbuf))
         self._outbuf = ffi.new("char[]", _SEND_CHUNK)
-        self._outview = ffi.buffer(self._outbuf)
+        self._outmem = memoryview(ffi.buffer(self._outbuf))
 
     def admit(self, conn: Connection, listener: Listener) -> None:
         """A connection accepted by a listener with an authenticator: our own SASL layer runs
@@ -147,6 +154,11 @@ class Guard:
             if capacity <= 0:
                 break
             wanted = min(capacity, _RECV_CHUNK)
+            if conn._tls is not None:
+                # Ciphertext goes to the TLS session, not into proton's buffer: one read takes
+                # what a plain connection's READS_PER_WAKEUP reads into proton would (a turn as
+                # large, not larger: in a larger one the clients wait), at a read's cost.
+                wanted = min(capacity * READS_PER_WAKEUP, _RECV_CHUNK)
             try:
                 got = sock.recv_into(self._inview, wanted)
             except (BlockingIOError, InterruptedError):
@@ -154,7 +166,9 @@ class Guard:
             except OSError as err:
                 conn._io_error = Condition("proton:io", f"connection to {conn.peer} lost: {err}")
                 got = 0
-            if got and conn._intake is not None:
+            if got and conn._tls is not None:
+                self._tls_step(conn, self._inmem[:got])
+            elif got and conn._intake is not None:
                 conn._intake(bytes(self._inview[:got]))
             elif got:
                 lib.pn_transport_push(t, self._inbuf, got)
@@ -165,8 +179,8 @@ class Guard:
                     )
                 lib.pn_transport_close_tail(t)
                 break
-            if got < wanted:
-                break
+            if got < wanted or conn._tls is not None:
+                break  # with TLS, that one read was the turn's share
         self._process_events()
         self._dirty.add(conn)
 
@@ -220,7 +234,7 @@ class Guard:
                 break
             n = min(pending, _SEND_CHUNK)
             lib.pn_transport_peek(t, self._outbuf, n)
-            session.send(self._outview[:n])
+            session.send(self._outmem[:n])
             lib.pn_transport_pop(t, n)
         if conn._tls_output:
             self._want_write(conn, True)
@@ -421,25 +435,62 @@ class Guard:
             step = exchange.checked(False, failure=str(err))
         self._decided(conn, exchange, step)
 
-    def _tls_step(self, conn: Connection, data: bytes) -> None:
+    def _tls_step(self, conn: Connection, data: bytes | memoryview) -> None:
         """Ciphertext from a connection with our own TLS: decrypted, it goes on to our SASL
-        exchange while that runs, then to proton."""
+        exchange while that runs (a record at a time), then to proton (all the whole records
+        there are, in one push)."""
         session = conn._tls
         if session is None or conn._refused:
             return  # refused: whatever else the client sends goes nowhere
+        plain = self._plainmem
         try:
-            plain = session.receive(data)
+            session.feed(data)
+            while not conn._refused:
+                if conn._sasl is not None:  # the login, a record at a time
+                    got = session.read_into(plain, RECORD_SIZE)
+                    if got:
+                        self._sasl_step(conn, bytes(plain[:got]))
+                elif got := self._decrypt(session):
+                    self._push_decrypted(conn, got)
+                if not got:
+                    break
         except TlsFailure as err:
             log.info("TLS refused", peer=conn.peer, reason=str(err))
             conn._io_error = Condition("amqp:connection:framing-error", str(err))
             conn._refused = True
             return
-        if plain and conn._sasl is not None:
-            self._sasl_step(conn, plain)
-        elif plain:
-            self._push_plain(conn, plain)
         if session.peer_closed:
             lib.pn_transport_close_tail(conn._transport)
+
+    def _decrypt(self, session: TlsSession) -> int:
+        """Decrypts the whole records waiting, one after another into self._plainbuf (as many
+        as fit): one push to proton for them all. Returns the plaintext's size."""
+        plain = self._plainmem
+        size = 0
+        while size <= _PLAIN_CHUNK - RECORD_SIZE:
+            got = session.read_into(plain[size:], RECORD_SIZE)
+            if not got:
+                break
+            size += got
+        return size
+
+    def _push_decrypted(self, conn: Connection, size: int) -> None:
+        """Hands the plaintext in self._plainbuf to proton, straight from the buffer; what
+        proton has no room for yet joins conn._backlog (`_push_plain`)."""
+        if conn._backlog:
+            self._push_plain(conn, bytes(self._plainmem[:size]))
+            return
+        t = conn._transport
+        done = 0
+        while done < size:
+            pushed = lib.pn_transport_push(t, self._plainbuf + done, size - done)
+            if pushed < 0:
+                return  # the transport takes no more input; its own events say why
+            if pushed == 0:
+                break
+            done += pushed
+        if done < size:
+            self._push_plain(conn, bytes(self._plainmem[done:size]))
 
     def _push_plain(self, conn: Connection, data: bytes) -> None:
         """Hands plaintext that did not come straight from the socket to proton, as much as it
