@@ -43,6 +43,7 @@ SERVICE_MODULES = {
     "router_agent",
     "storage_controller",
     "subscription",
+    "mqtt_gateway",
 }
 NOT_IN_ANY_IMAGE = ("pytest", "grpc_tools", "mypy", "ruff")
 NOT_COPIED = ("__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache")

@@ -15,6 +15,7 @@ from cryptography import x509
 from enmasse.amqp.wire import Outcome, Tls
 from enmasse.cli import messaging
 from enmasse.cli.client import CliError
+from enmasse.cli.local.gateways import ensure_pinned_port
 from enmasse.cli.local.runtime import desired_programs, program_files, write_program_files
 from enmasse.cli.local.tls import ensure_certificates, ensure_endpoint_certificate
 from enmasse.cli.local.var_dir import VarDir
@@ -61,6 +62,23 @@ def test_every_rendered_workload_becomes_one_program_with_its_pinned_ports(tmp_p
     assert "--port=42000" in broker.command
     assert f"--data-dir={tmp_path}/brokers/demo/demo-broker-0/data" in broker.command
     assert router.priority < broker.priority
+
+
+def test_a_standard_space_gets_an_mqtt_gateway_on_a_port_kept_across_passes(
+    tmp_path: Path,
+) -> None:
+    var = VarDir(tmp_path)
+    rendered_gitops(var)
+    port = ensure_pinned_port(var, "demo")
+    assert ensure_pinned_port(var, "demo") == port  # chosen once, kept
+    gateway = desired_programs(var)["demo-mqtt-gateway"]
+    assert gateway.command[1:] == (
+        f"--listen=127.0.0.1:{port}",
+        "--router=127.0.0.1:41000",  # router-0's client port
+        "--gateway-id=demo-mqtt-gateway",
+        f"--ports-file={tmp_path}/gateways/demo/mqtt-gateway/ports.json",
+    )
+    assert gateway.priority > desired_programs(var)["demo-router-0"].priority
 
 
 def test_where_up_made_certificates_every_router_serves_amqps_with_its_own(

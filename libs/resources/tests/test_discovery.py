@@ -14,6 +14,7 @@ from enmasse.resources.discovery import (
     BrokerEndpoint,
     Directory,
     DirectoryError,
+    GatewayEndpoint,
     LocalDirectory,
     broker_of,
     client_endpoints,
@@ -53,6 +54,19 @@ def test_an_amqps_port_is_read_when_there_and_shown_beside_amqp() -> None:
         ("amqps", "127.0.0.1", 4),
         ("amqp", "127.0.0.1", 12),
     ]
+
+
+def test_a_spaces_mqtt_gateways_are_found_and_shown_as_mqtt_endpoints(tmp_path: Path) -> None:
+    directory = LocalDirectory(tmp_path)
+    router = router_of("r0", ROUTER_PORTS)
+    write_ports(tmp_path / "gateways/shop/mqtt-gateway/ports.json", {"mqtt": 1883})
+    write_ports(tmp_path / "gateways/lab/mqtt-gateway/ports.json", {"mqtt": 0})  # refused
+    assert directory.refresh()
+    gateways = directory.gateways("shop")
+    assert gateways == [GatewayEndpoint(name="mqtt-gateway", host="127.0.0.1", mqtt_port=1883)]
+    assert directory.gateways("lab") == []
+    shown = [(e.name, e.port) for e in client_endpoints([router, *gateways])]
+    assert shown == [("amqp", 2), ("mqtt", 1883)]
 
 
 def test_the_ports_tree_follows_processes_by_space(tmp_path: Path) -> None:

@@ -25,6 +25,9 @@ adds nothing. Every router, and a brokered space's broker, is a client endpoint:
 own amqps certificate (<var>/tls/endpoints/<program>/, naming the program; `tls.py`), issued
 before it starts, and its pinned amqps port.
 
+Each standard space also gets its MQTT gateway (`enmasse-mqtt-gateway`, local/gateways.py) in
+front of its first router, on a port chosen once and kept, started after the routers.
+
 `desired_programs` and `program_files` are pure (paths in, names and texts out) for the tests.
 """
 
@@ -41,7 +44,13 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from enmasse.cli.local.programs import PROGRAMS, program_section
+from enmasse.cli.local.gateways import (
+    ensure_pinned_port,
+    gateway_command,
+    gateway_dir,
+    pinned_port,
+)
+from enmasse.cli.local.programs import PROGRAMS, installed_program, program_section
 from enmasse.cli.local.supervisor import apply_config_changes, supervisor_proxy
 from enmasse.cli.local.tls import (
     BROKER_HOLDER,
@@ -54,6 +63,7 @@ from enmasse.common.certificates import TLS_DIR_ENV, TlsFiles
 from enmasse.resources.rendered_brokers import GitOpsOutput, local_broker_command
 from enmasse.resources.rendered_routers import (
     RenderedRouters,
+    RouterWorkload,
     ensure_local_mesh_secret,
     local_router_command,
     local_router_dir,
@@ -64,6 +74,7 @@ log = structlog.get_logger("enmasse.runtime")
 # Routers come up after the control plane and before brokers, in supervisord's order.
 ROUTER_PRIORITY = 100
 BROKER_PRIORITY = 200
+GATEWAY_PRIORITY = 300  # after the routers it logs its clients in to
 REVIVE_EVERY = 30.0
 
 
@@ -113,6 +124,9 @@ def desired_programs(var: VarDir) -> dict[str, Program]:
                 environment=router_tls,
                 endpoint=amqps,
             )
+        gateway = _mqtt_gateway(var, space, routers.read_space(space))
+        if gateway is not None:
+            programs[gateway.name] = gateway
     for space, brokers in GitOpsOutput(var.gitops).read_all().items():
         for broker in brokers.values():
             name = program_name(space=space, workload_id=broker.broker.id)
@@ -131,6 +145,26 @@ def desired_programs(var: VarDir) -> dict[str, Program]:
                 endpoint=serves_clients,
             )
     return programs
+
+
+def _mqtt_gateway(var: VarDir, space: str, routers: Mapping[str, RouterWorkload]) -> Program | None:
+    """The space's MQTT gateway, in front of its first router, once its port is pinned."""
+    port = pinned_port(var, space)
+    if port is None or not routers:
+        return None
+    command = gateway_command(
+        var,
+        space=space,
+        router=routers[min(routers)],
+        port=port,
+        executable=installed_program("enmasse-mqtt-gateway"),
+    )
+    return Program(
+        name=f"{space}-mqtt-gateway",
+        command=tuple(command),
+        workdir=gateway_dir(var, space),
+        priority=GATEWAY_PRIORITY,
+    )
 
 
 def program_files(var: VarDir, programs: Mapping[str, Program]) -> dict[str, str]:
@@ -169,6 +203,8 @@ def write_program_files(var: VarDir, files: Mapping[str, str]) -> bool:
 
 def reconcile_once(var: VarDir, *, force: bool = False) -> dict[str, list[str]]:
     """One pass: files from the GitOps output, then supervisord, when anything changed."""
+    for space in RenderedRouters(var.gitops).spaces():  # a standard space's MQTT port, once
+        ensure_pinned_port(var, space)
     programs = desired_programs(var)
     for program in programs.values():
         program.workdir.mkdir(parents=True, exist_ok=True)

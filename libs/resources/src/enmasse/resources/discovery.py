@@ -24,10 +24,12 @@ listen (`enmasse-router --ports-file`, `enmasse-broker --ports-file`), each repl
     <var>/routers/<space>/<router-id>/ports.json   {"amqp": 41002, "inter_router": 41003,
                                                      "admin": 41001, "amqps": 41004}
     <var>/brokers/<space>/<broker-id>/ports.json   {"amqp": 42001, "admin": 42002, ...}
+    <var>/gateways/<space>/<gateway-id>/ports.json {"mqtt": 43001}
 
 `amqps` is there when the process listens for clients over TLS too (every router `enmasse up`
 starts, a brokered space's broker): `client_endpoints` turns what was found into the endpoints a
-space's status shows, `amqp` and beside it `amqps`.
+space's status shows, `amqp` and beside it `amqps`, and a standard space's MQTT gateways
+(`enmasse-mqtt-gateway --ports-file`) as `mqtt`.
 
 Everything listens on loopback. The whole-space view rereads a file only when it changed (mtime
 and size); a file that is half-written or malformed is skipped (logged once) and its last good
@@ -47,7 +49,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import structlog
-from enmasse.resources.contracts import AMQP, AMQPS
+from enmasse.resources.contracts import AMQP, AMQPS, MQTT
 from enmasse.v1 import resources_pb2
 
 log = structlog.get_logger(__name__)
@@ -91,13 +93,27 @@ class BrokerEndpoint:
         return f"{self.host}:{self.admin_port}"
 
 
+@dataclass(frozen=True)
+class GatewayEndpoint:
+    """One MQTT gateway of a standard space: where MQTT devices connect."""
+
+    name: str
+    host: str
+    mqtt_port: int
+
+
 def client_endpoints(
-    found: Iterable[RouterEndpoint | BrokerEndpoint],
+    found: Iterable[RouterEndpoint | BrokerEndpoint | GatewayEndpoint],
 ) -> list[resources_pb2.Endpoint]:
     """A space's `status.endpoints` for the routers (or the broker) its clients connect to: each
-    one's `amqp`, then its `amqps` when it listens for TLS too."""
+    one's `amqp`, then its `amqps` when it listens for TLS too; an MQTT gateway's `mqtt`."""
     endpoints = []
     for endpoint in found:
+        if isinstance(endpoint, GatewayEndpoint):
+            endpoints.append(
+                resources_pb2.Endpoint(name=MQTT, host=endpoint.host, port=endpoint.mqtt_port)
+            )
+            continue
         endpoints.append(
             resources_pb2.Endpoint(name=AMQP, host=endpoint.host, port=endpoint.amqp_port)
         )
@@ -125,6 +141,10 @@ class Directory(Protocol):
 
     def broker(self, space: str, name: str) -> BrokerEndpoint | None:
         """Where broker `name` of `space` listens now; None while the directory knows of none."""
+        ...
+
+    def gateways(self, space: str) -> list[GatewayEndpoint]:
+        """The MQTT gateways of `space` as of the last refresh, by gateway id."""
         ...
 
 
@@ -155,6 +175,11 @@ def broker_of(broker_id: str, ports: Any) -> BrokerEndpoint:
     )
 
 
+def gateway_of(gateway_id: str, ports: Any) -> GatewayEndpoint:
+    """An MQTT gateway from what its ports file says (`DirectoryError` when that is not enough)."""
+    return GatewayEndpoint(name=gateway_id, host=LOOPBACK, mqtt_port=_port(ports, MQTT, gateway_id))
+
+
 def _optional_port(ports: Any, key: str, owner: str) -> int | None:
     return _port(ports, key, owner) if isinstance(ports, dict) and key in ports else None
 
@@ -175,13 +200,19 @@ class LocalDirectory:
     ) -> None:
         self._routers = _PortsTree(routers or var / "routers")
         self._brokers = _PortsTree(brokers or var / "brokers")
+        self._gateways = _PortsTree(var / "gateways")
         self._refused_routers: set[str] = set()
         self._refused_brokers: set[str] = set()
+        self._refused_gateways: set[str] = set()
 
     def refresh(self) -> bool:
         routers_moved = self._routers.refresh()
         brokers_moved = self._brokers.refresh()
-        return routers_moved or brokers_moved
+        gateways_moved = self._gateways.refresh()
+        return routers_moved or brokers_moved or gateways_moved
+
+    def gateways(self, space: str) -> list[GatewayEndpoint]:
+        return _parsed(self._gateways.of_space(space), gateway_of, self._refused_gateways)
 
     def routers(self, space: str) -> list[RouterEndpoint]:
         return _parsed(self._routers.of_space(space), router_of, self._refused_routers)

@@ -360,7 +360,8 @@ class RouterAgent:
         status.status.messages[:] = [verdict.message] if verdict.message else []
         status.status.observed_generation = space.metadata.generation
         del status.endpoints[:]
-        status.endpoints.extend(client_endpoints(routing.routers))
+        gateways = self.directory.gateways(space.metadata.name)
+        status.endpoints.extend(client_endpoints([*routing.routers, *gateways]))
         if status == space.status:
             return 0
         request = config_pb2.UpdateAddressSpaceStatusRequest(

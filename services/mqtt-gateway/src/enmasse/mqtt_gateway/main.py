@@ -1,0 +1,85 @@
+"""`enmasse-mqtt-gateway`: wiring and start-up of one MQTT gateway, nothing else.
+
+The AMQP engine runs on its own thread; the MQTT listener and every client session on asyncio
+in the main thread. The bound port goes to the log, to stdout as `listening on <host>:<port>`
+and, with --ports-file, into that JSON file as `{"mqtt": port}` (written whole, then renamed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+import structlog
+from enmasse.amqp.engine import Engine
+from enmasse.common.logging import configure_logging
+from enmasse.common.serving import until_terminated
+from enmasse.mqtt_gateway.gateway import Gateway
+from enmasse.mqtt_gateway.session import RouterAddress
+
+log = structlog.get_logger("enmasse.mqtt_gateway")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="enmasse-mqtt-gateway",
+        description="MQTT 3.1.1 and 5.0 clients onto a standard space's routers, as AMQP",
+    )
+    parser.add_argument("--listen", default="127.0.0.1:1883", help="host:port for MQTT clients")
+    parser.add_argument(
+        "--router",
+        default=os.environ.get("ENMASSE_ROUTER", "127.0.0.1:5672"),
+        help="host:port of the space's router client port (AMQP)",
+    )
+    parser.add_argument(
+        "--gateway-id", default=os.environ.get("ENMASSE_GATEWAY_ID", "mqtt-gateway")
+    )
+    parser.add_argument("--max-packet-size", type=int, default=1024 * 1024)
+    parser.add_argument("--ports-file", default=None, help="write {'mqtt': port} to this file")
+    return parser.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    router_host, _, router_port = args.router.rpartition(":")
+    engine = Engine(container_id=args.gateway_id)
+    thread = engine.run_in_thread(name="amqp-engine")
+    gateway = Gateway(
+        engine=engine,
+        router=RouterAddress(
+            host=router_host or "127.0.0.1",
+            port=int(router_port),
+            max_packet_size=args.max_packet_size,
+        ),
+    )
+    host, _, port = args.listen.rpartition(":")
+    bound = await gateway.listen(host=host or "127.0.0.1", port=int(port or 0))
+    log.info("serving", mqtt=bound, router=args.router)
+    sys.stdout.write(f"listening on {host or '127.0.0.1'}:{bound}\n")
+    sys.stdout.flush()
+    if args.ports_file:
+        _write_ports(Path(args.ports_file), {"mqtt": bound})
+    await until_terminated()
+    log.info("stopping")
+    await gateway.stop()
+    engine.stop()
+    thread.join(5)
+
+
+def _write_ports(path: Path, ports: dict[str, int]) -> None:
+    # Written whole then renamed: a reader polling for the file never sees half of it.
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(ports))
+    os.replace(partial, path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    configure_logging(service="mqtt-gateway")
+    asyncio.run(serve(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

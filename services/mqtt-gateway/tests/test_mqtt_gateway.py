@@ -1,0 +1,468 @@
+"""The MQTT gateway end to end: a real `enmasse-mqtt-gateway` process in front of a real router
+process (`--client-auth optional`, MessagingUsers with rules), driven by a real MQTT client
+(paho-mqtt, 3.1.1 and 5) and real AMQP clients.
+
+What it shows: QoS 0 and QoS 1 round trips MQTT -> MQTT; MQTT publish -> AMQP consumer (with the
+MQTT 5 properties mapped) and AMQP producer -> MQTT subscriber (the AMQP sender's delivery is
+accepted once the MQTT client acknowledged it); a wrong password refused in the CONNACK; a user
+without the send right refused in the PUBACK (0x87) and without the recv right in the SUBACK;
+wildcard filters refused (0xA2 / 0x80); and bad input (a malformed packet, ill-formed UTF-8 in
+a topic, a packet over the maximum size, QoS 2) ends that client only, with MQTT 5's DISCONNECT
+reason, while another client keeps working. A queue behind a real broker keeps a QoS 1 message
+until a device subscribes; a subscriber that stops reading holds back the router (its producer's
+messages stay unsettled there), not the gateway's memory; a client silent past its keep-alive is
+closed; a gateway whose router is down answers CONNACK 0x88.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from enmasse.amqp import codec
+from enmasse.amqp.client import Client
+from enmasse.amqp.engine import Outcome
+from enmasse.common.passwords import hash_password, scram_credentials
+from enmasse.v1 import router_pb2
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from tests.fixtures.broker import BrokerFactory
+from tests.fixtures.etcd import free_port
+from tests.fixtures.mqtt import V5, V311, WAIT, Device, Protocol
+from tests.fixtures.router import RouterFleet, RouterProcess
+
+PASSWORD = "secret"
+MAX_PACKET = 64 * 1024
+USERS = {  # user -> operation -> address patterns
+    "alice": {"send": ["#"], "recv": ["#"]},
+    "reader": {"recv": ["#"]},
+}
+ADDRESSES = {
+    "sensors/kitchen": "multicast",
+    "sensors/hall": "multicast",
+    "commands/pump": "anycast",
+    "events": "multicast",
+}
+
+
+@dataclass
+class GatewayProcess:
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.process.pid, signal.SIGKILL)
+                self.process.wait(5)
+
+
+def start_gateway(workdir: Path, *, router_port: int) -> GatewayProcess:
+    ports_file = workdir / "gateway.ports.json"
+    log_path = workdir / "gateway.log"
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "enmasse.mqtt_gateway.main",
+                "--listen=127.0.0.1:0",
+                f"--router=127.0.0.1:{router_port}",
+                f"--max-packet-size={MAX_PACKET}",
+                f"--ports-file={ports_file}",
+            ],
+            stdout=log,
+            stderr=log,
+            cwd=workdir,
+        )
+    deadline = time.monotonic() + 30
+    while not ports_file.exists():
+        if process.poll() is not None:
+            raise RuntimeError(f"gateway exited: {log_path.read_text()[-2000:]}")
+        if time.monotonic() > deadline:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(5)
+            raise RuntimeError("gateway did not start within 30 s")
+        time.sleep(0.05)
+    return GatewayProcess(process, json.loads(ports_file.read_text())["mqtt"], log_path)
+
+
+HASH, SCRAM = hash_password(PASSWORD), scram_credentials(PASSWORD)  # the gateway logs in with SCRAM
+
+
+def _config() -> router_pb2.RouterConfig:
+    return router_pb2.RouterConfig(
+        generation=1,
+        space="iot",
+        addresses=[router_pb2.AddressRoute(address=a, type=t) for a, t in ADDRESSES.items()],
+        users=[
+            router_pb2.RouterUser(
+                username=name,
+                password_hash=HASH,
+                scram_credentials=SCRAM,
+                authorization=[
+                    router_pb2.RouterRule(addresses=patterns, operations=[operation])
+                    for operation, patterns in rules.items()
+                ],
+            )
+            for name, rules in USERS.items()
+        ],
+    )
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
+    fleet = RouterFleet(workdir=tmp_path_factory.mktemp("mqtt-router"))
+    try:
+        started = fleet.start("r1", extra_args=("--client-auth=optional",))
+        started.apply(_config())
+        yield started
+    finally:
+        fleet.stop_all()
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    router: RouterProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    started = start_gateway(tmp_path_factory.mktemp("mqtt-gateway"), router_port=router.amqp_port)
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture
+def device(gateway: GatewayProcess) -> Iterator[Callable[..., Device]]:
+    made: list[Device] = []
+
+    def connect(
+        protocol: Protocol = V5, *, user: str | None = "alice", password: str | None = PASSWORD
+    ) -> Device:
+        connected = Device(gateway.port, protocol=protocol, user=user, password=password)
+        made.append(connected)
+        return connected
+
+    yield connect
+    for each in made:
+        each.close()
+
+
+def connected(device: Callable[..., Device], protocol: Protocol, **login: Any) -> Device:
+    client = device(protocol, **login)
+    assert client.connack() == 0
+    return client
+
+
+# -- round trips -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", [V311, V5], ids=["3.1.1", "5"])
+@pytest.mark.parametrize("qos", [0, 1])
+def test_a_message_goes_from_device_to_device(
+    device: Callable[..., Device], protocol: Protocol, qos: int
+) -> None:
+    subscriber = connected(device, protocol)
+    publisher = connected(device, protocol)
+    assert subscriber.subscribe("sensors/kitchen", qos=qos) == qos
+    assert publisher.publish("sensors/kitchen", b"21.5", qos=qos) == 0
+    message = subscriber.receive()
+    assert (message.topic, message.payload, message.qos) == ("sensors/kitchen", b"21.5", qos)
+
+
+def test_a_qos1_publish_reaches_a_qos0_subscription_at_qos0(
+    device: Callable[..., Device],
+) -> None:
+    subscriber = connected(device, V5)
+    publisher = connected(device, V311)
+    assert subscriber.subscribe("sensors/hall", qos=0) == 0
+    assert publisher.publish("sensors/hall", b"on", qos=1) == 0
+    message = subscriber.receive()
+    assert (message.payload, message.qos) == (b"on", 0)
+
+
+def test_mqtt_publish_reaches_an_amqp_consumer_with_its_properties(
+    device: Callable[..., Device], router: RouterProcess
+) -> None:
+    with Client("127.0.0.1", router.amqp_port, user="alice", password=PASSWORD) as amqp:
+        consumer = amqp.receiver("commands/pump", credit=10)
+        publisher = connected(device, V5)
+        properties = Properties(PacketTypes.PUBLISH)
+        properties.ContentType = "text/plain"
+        properties.UserProperty = [("site", "north")]
+        properties.ResponseTopic = "events"
+        properties.CorrelationData = b"req-1"
+        mid = publisher.publish_async("commands/pump", b"start", qos=1, properties=properties)
+        delivery = consumer.receive(WAIT)
+        assert mid not in publisher.acks  # no PUBACK before the consumer's outcome
+        consumer.accept(delivery)
+        assert publisher.puback(mid) == 0
+    assert codec.read_body(delivery.payload) == b"start"
+    assert delivery.durable
+    assert codec.read_application_properties(delivery.payload) == {"site": "north"}
+    fields = codec.read_properties(delivery.payload)
+    assert (fields.content_type, fields.reply_to, fields.correlation_id) == (
+        "text/plain",
+        "events",
+        b"req-1",
+    )
+
+
+@pytest.mark.parametrize("protocol", [V311, V5], ids=["3.1.1", "5"])
+def test_an_amqp_producer_reaches_an_mqtt_subscriber(
+    device: Callable[..., Device], router: RouterProcess, protocol: Protocol
+) -> None:
+    subscriber = connected(device, protocol)
+    assert subscriber.subscribe("commands/pump", qos=1) == 1
+    with Client("127.0.0.1", router.amqp_port, user="alice", password=PASSWORD) as amqp:
+        sent = amqp.sender("commands/pump").send(codec.encode_message(b"stop"), timeout=WAIT)
+        message = subscriber.receive()
+    assert (message.topic, message.payload, message.qos) == ("commands/pump", b"stop", 1)
+    assert sent.outcome is Outcome.ACCEPTED  # settled once paho sent its PUBACK
+
+
+# -- who may do what -------------------------------------------------------------------------
+
+
+# paho reports 3.1.1's return code 4 (bad user name or password) as MQTT 5's 0x86 too.
+@pytest.mark.parametrize("protocol", [V311, V5], ids=["3.1.1", "5"])
+def test_a_wrong_password_is_refused_in_the_connack(
+    device: Callable[..., Device], protocol: Protocol
+) -> None:
+    refused = device(protocol, user="alice", password="wrong")
+    assert refused.connack() == 0x86
+
+
+def test_a_user_without_the_send_right_gets_puback_not_authorized(
+    device: Callable[..., Device],
+) -> None:
+    reader = connected(device, V5, user="reader")
+    assert reader.publish("commands/pump", b"x", qos=1) == 0x87
+    assert reader.subscribe("sensors/kitchen", qos=1) == 1  # its recv right still works
+
+
+def test_a_user_without_the_recv_right_gets_suback_not_authorized(
+    device: Callable[..., Device], router: RouterProcess
+) -> None:
+    router.apply(_config_with(generation=2, user="writer", rules={"send": ["#"]}))
+    writer = connected(device, V5, user="writer")
+    assert writer.subscribe("events", qos=0) == 0x87
+    writer_311 = connected(device, V311, user="writer")
+    assert writer_311.subscribe("events", qos=0) == 0x80
+
+
+def _config_with(*, generation: int, user: str, rules: dict[str, list[str]]) -> Any:
+    config = _config()
+    config.generation = generation
+    config.users.append(
+        router_pb2.RouterUser(
+            username=user,
+            password_hash=HASH,
+            scram_credentials=SCRAM,
+            authorization=[
+                router_pb2.RouterRule(addresses=patterns, operations=[operation])
+                for operation, patterns in rules.items()
+            ],
+        )
+    )
+    return config
+
+
+@pytest.mark.parametrize(("protocol", "code"), [(V311, 0x80), (V5, 0xA2)], ids=["3.1.1", "5"])
+@pytest.mark.parametrize("topic_filter", ["sensors/+", "sensors/#"])
+def test_wildcard_filters_are_refused(
+    device: Callable[..., Device], protocol: Protocol, code: int, topic_filter: str
+) -> None:
+    client = connected(device, protocol)
+    assert client.subscribe(topic_filter, qos=0) == code
+
+
+# -- bad input ends that client only ---------------------------------------------------------
+
+
+def _raw_v5_client(port: int) -> socket.socket:
+    """A socket that has sent an anonymous MQTT 5 CONNECT and read its CONNACK."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=WAIT)
+    body = b"\x00\x04MQTT\x05\x02\x00\x3c\x00" + b"\x00\x03raw"
+    sock.sendall(bytes([0x10, len(body)]) + body)
+    connack = sock.recv(64)
+    assert (connack[0], connack[3]) == (0x20, 0), connack  # success, with the gateway's limits
+    return sock
+
+
+def _disconnect_reason(sock: socket.socket) -> int:
+    """The reason code of the DISCONNECT the gateway sends before it closes the socket."""
+    data = b""
+    while True:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    assert data[:1] == b"\xe0", data
+    return data[2]
+
+
+@pytest.mark.parametrize(
+    ("packet", "reason"),
+    [
+        (b"\x36\x03\x00\x01a", 0x81),  # PUBLISH with QoS 3
+        (b"\x30\x05\x00\x02\xff\xfe\x00", 0x81),  # topic of ill-formed UTF-8
+        (b"\x30\x05\x00\x02a+\x00", 0x90),  # a wildcard in a topic name
+        (b"\x82\xff\xff\x07", 0x95),  # a SUBSCRIBE of 131,071 bytes: over the maximum
+        (b"\xf0\x00", 0x82),  # AUTH, though CONNECT named no authentication method
+        (b"\x34\x06\x00\x01a\x00\x01\x00", 0x9B),  # QoS 2: CONNACK said maximum QoS 1
+    ],
+    ids=["qos3", "utf8", "wildcard-topic", "too-large", "auth", "qos2"],
+)
+def test_bad_input_closes_that_client_only(
+    device: Callable[..., Device], gateway: GatewayProcess, packet: bytes, reason: int
+) -> None:
+    bystander = connected(device, V5)
+    assert bystander.subscribe("events", qos=1) == 1
+    with _raw_v5_client(gateway.port) as sock:
+        sock.sendall(packet)
+        assert _disconnect_reason(sock) == reason
+    publisher = connected(device, V311)
+    assert publisher.publish("events", b"still here", qos=1) == 0
+    assert bystander.receive().payload == b"still here"
+    assert not bystander.disconnected.is_set()
+
+
+def test_a_malformed_311_packet_just_closes_the_client(gateway: GatewayProcess) -> None:
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=WAIT) as sock:
+        body = b"\x00\x04MQTT\x04\x02\x00\x3c" + b"\x00\x03raw"
+        sock.sendall(bytes([0x10, len(body)]) + body)
+        assert sock.recv(64) == b"\x20\x02\x00\x00"
+        sock.sendall(b"\x36\x03\x00\x01a")
+        assert sock.recv(64) == b""  # closed, no DISCONNECT in 3.1.1
+
+
+# -- a queue: the broker keeps what a device published until a subscriber comes ---------------
+
+
+def test_a_queue_keeps_a_qos1_message_until_a_device_subscribes(
+    routers: RouterFleet, broker_factory: BrokerFactory, tmp_path: Path
+) -> None:
+    broker = broker_factory()
+    broker.ensure_queue("orders")
+    router = routers.start("rq", extra_args=("--client-auth=optional",))
+    config = _config()
+    config.addresses.append(
+        router_pb2.AddressRoute(
+            address="orders",
+            type="queue",
+            brokers=[router_pb2.BrokerWaypoint(name="b1", host="127.0.0.1", port=broker.amqp_port)],
+        )
+    )
+    router.apply(config)
+    gateway = start_gateway(tmp_path, router_port=router.amqp_port)
+    publisher = subscriber = None
+    try:
+        publisher = Device(gateway.port, protocol=V5, user="alice", password=PASSWORD)
+        assert publisher.connack() == 0
+        assert publisher.publish("orders", b"order-1", qos=1) == 0  # accepted by the broker
+        subscriber = Device(gateway.port, protocol=V311, user="alice", password=PASSWORD)
+        assert subscriber.connack() == 0
+        assert subscriber.subscribe("orders", qos=1) == 1
+        message = subscriber.receive()
+        assert (message.topic, message.payload, message.qos) == ("orders", b"order-1", 1)
+    finally:
+        for client in (publisher, subscriber):
+            if client is not None:
+                client.close()
+        gateway.stop()
+
+
+def test_a_311_client_without_an_id_must_start_clean(gateway: GatewayProcess) -> None:
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=WAIT) as sock:
+        body = b"\x00\x04MQTT\x04\x00\x00\x3c" + b"\x00\x00"  # no id, clean session 0
+        sock.sendall(bytes([0x10, len(body)]) + body)
+        assert sock.recv(64) == b"\x20\x02\x00\x02"  # identifier rejected
+
+
+def test_a_subscriber_that_stops_reading_holds_back_the_router_not_the_gateways_memory(
+    gateway: GatewayProcess, router: RouterProcess
+) -> None:
+    """A QoS 0 subscriber that reads nothing: once its socket's buffers are full the gateway
+    gives the router no more credit, so the producer's messages wait at the router (unsettled)
+    instead of piling up in the gateway; once the client reads, they all come."""
+    count, body = 800, b"x" * 65536
+    with _raw_v5_client(gateway.port) as sock:
+        topic = b"commands/pump"
+        subscribe = b"\x00\x01\x00" + len(topic).to_bytes(2, "big") + topic + b"\x00"
+        sock.sendall(bytes([0x82, len(subscribe)]) + subscribe)
+        assert sock.recv(5)[:1] == b"\x90"  # SUBACK
+        with Client("127.0.0.1", router.amqp_port, user="alice", password=PASSWORD) as amqp:
+            sender = amqp.sender("commands/pump")
+            sent = [sender.send_async(codec.encode_message(body)) for _ in range(count)]
+            settled = _settled_when_steady(sent)
+            assert settled < count  # held back: the client has read nothing
+            drained = threading.Event()
+            reader = threading.Thread(target=_read_until, args=(sock, drained), daemon=True)
+            reader.start()
+            try:
+                for future in sent:
+                    assert future.result(60).outcome is Outcome.ACCEPTED
+            finally:
+                drained.set()
+                reader.join(10)
+
+
+def _settled_when_steady(sent: list[Any]) -> int:
+    """How many sends were settled once that number stopped moving for a second (bounded)."""
+    last, deadline = -1, time.monotonic() + 60
+    while time.monotonic() < deadline:
+        settled = sum(future.done() for future in sent)
+        if settled == last:
+            return settled
+        last = settled
+        time.sleep(1.0)
+    return last
+
+
+def _read_until(sock: socket.socket, stop: threading.Event) -> None:
+    sock.settimeout(0.5)
+    while not stop.is_set():
+        try:
+            if not sock.recv(1 << 20):
+                return
+        except TimeoutError:
+            continue
+
+
+def test_a_client_silent_past_its_keep_alive_is_closed(gateway: GatewayProcess) -> None:
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=WAIT) as sock:
+        body = b"\x00\x04MQTT\x04\x02\x00\x01" + b"\x00\x03raw"  # keep-alive: 1 s
+        sock.sendall(bytes([0x10, len(body)]) + body)
+        assert sock.recv(64) == b"\x20\x02\x00\x00"
+        sock.sendall(b"\xc0\x00")  # PINGREQ
+        assert sock.recv(64) == b"\xd0\x00"  # PINGRESP
+        assert sock.recv(64) == b""  # then nothing for 1.5 s: closed
+
+
+def test_a_gateway_whose_router_is_down_says_server_unavailable(tmp_path: Path) -> None:
+    gateway = start_gateway(tmp_path, router_port=free_port())  # nobody listens there
+    try:
+        client = Device(gateway.port, protocol=V5, user="alice", password=PASSWORD)
+        try:
+            assert client.connack() == 0x88
+        finally:
+            client.close()
+    finally:
+        gateway.stop()
