@@ -192,7 +192,6 @@ LINK_REFUSED = "link refused"  # the attach refused; the connection stays up
 REJECTED = "message rejected"  # one message of an anonymous-relay link rejected; the link stays
 LOGIN_REFUSED = "login refused"  # the connection ends in SASL
 UNAUTHORIZED = "amqp:unauthorized-access"
-NOT_IMPLEMENTED = "amqp:not-implemented"
 REPLY_BELONGS = "a reply address belongs to the connection that made it"
 
 
@@ -287,16 +286,13 @@ MESSAGE_PLANE: dict[str, dict[str, Seen]] = {
 }
 
 # The brokered space's broker is that space's client endpoint: the same identities, the same
-# rules, on queues. It has no anonymous relay, and says so at the attach; its dynamic (temporary)
-# queues behave as a router's dynamic reply addresses.
+# rules, on queues. Its anonymous relay checks each `to` as a router's does, and its dynamic
+# (temporary) queues behave as a router's dynamic reply addresses.
 BROKERED_OPERATIONS = OPERATIONS[:-1]
 BROKERED: dict[str, dict[str, Seen]] = {
     identity: {op: MESSAGE_PLANE[identity][op] for op in BROKERED_OPERATIONS}
     for identity in MESSAGE_PLANE
 }
-NO_TARGET = refused("the broker needs a target address", condition=NOT_IMPLEMENTED)
-for _identity in ("sender", "reader"):
-    BROKERED[_identity].update({"relay to pq": NO_TARGET, "relay to pq2": NO_TARGET})
 
 # ================================================================ table 2: the admin API
 

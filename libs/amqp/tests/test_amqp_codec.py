@@ -122,3 +122,27 @@ def test_truncated_message_is_a_precise_error():
 def test_unknown_property_name_is_refused():
     with pytest.raises(ValueError, match="unknown message properties: colour"):
         codec.encode_message(b"x", properties={"colour": "red"})
+
+
+def test_with_message_annotations_sets_and_removes_keeping_everything_else() -> None:
+    original = codec.encode_message(
+        "body",
+        durable=True,
+        message_annotations={"keep": "me", "drop": 1},
+        properties={"message_id": "m1"},
+        application_properties={"k": "v"},
+    )
+    changed = codec.with_message_annotations(original, {"drop": None, "x-opt-delivery-time": 5})
+    assert codec.read_message_annotations(changed) == {"keep": "me", "x-opt-delivery-time": 5}
+    assert codec.read_header(changed).durable
+    assert codec.read_properties(changed).message_id == "m1"
+    assert codec.read_application_properties(changed) == {"k": "v"}
+    assert codec.read_body(changed) == "body"
+    # Without a message-annotations section, one is put after the header.
+    plain = codec.encode_message("body", durable=True)
+    added = codec.with_message_annotations(plain, {"x-opt-delivery-time": 7})
+    assert codec.read_message_annotations(added) == {"x-opt-delivery-time": 7}
+    assert codec.read_header(added).durable
+    assert codec.read_body(added) == "body"
+    # Removing the last annotation removes the section.
+    assert codec.with_message_annotations(added, {"x-opt-delivery-time": None}) == plain

@@ -201,33 +201,62 @@ def test_large_message_spanning_many_frames_is_reassembled(amqp_listener, amqp_c
     assert codec.read_body(journal.messages[0]) == body
 
 
-def test_oversized_message_is_refused_and_others_go_on(amqp_listener, amqp_client):
+def test_large_messages_back_to_back_are_each_joined_whole(amqp_listener, amqp_client):
+    """Chunks are read out of proton as frames come (`engine.large`): each message's chunks are
+    its own, and a small one right after a large one on the same link is not mixed in."""
+    journal = Journal()
+    _engine, port = amqp_listener(
+        lambda: Recorder(journal), max_message_size=8 * 1024 * 1024, max_frame_size=16384
+    )
+    sender = amqp_client(port).sender("in")
+    payloads = [
+        codec.encode_message(os.urandom(5 * 1024 * 1024)),
+        codec.encode_message(os.urandom(3 * 1024 * 1024 + 7)),
+        codec.encode_message(b"small"),
+        codec.encode_message(os.urandom(2 * 1024 * 1024)),
+    ]
+    futures = [sender.send_async(p) for p in payloads]
+    assert [f.result(60).outcome for f in futures] == [Outcome.ACCEPTED] * 4
+    assert journal.messages == payloads
+
+
+def test_oversized_message_is_rejected_and_its_link_goes_on(amqp_listener, amqp_client):
     journal = Journal()
     _engine, port = amqp_listener(lambda: Recorder(journal), max_message_size=1000)
     client = amqp_client(port)
-    big = client.sender("in")
+    sender = client.sender("in")
     oversized = codec.encode_message(b"x" * 5000)
-    with pytest.raises(AmqpError) as refused:
-        big.send(oversized)
-    assert str(refused.value) == (
-        "link detached: amqp:link:message-size-exceeded: "
-        f"message of {len(oversized)} bytes or more exceeds the limit of 1000 bytes"
+    refused = sender.send(oversized)
+    assert refused.outcome == Outcome.REJECTED
+    assert refused.error == Condition(
+        "amqp:link:message-size-exceeded",
+        f"message of {len(oversized)} bytes exceeds the limit of 1000 bytes",
     )
-    small = client.sender("in")
     fits = codec.encode_message(b"x" * 500)
-    assert small.send(fits).outcome == Outcome.ACCEPTED
+    assert sender.send(fits).outcome == Outcome.ACCEPTED, "the same link takes the next one"
     assert journal.messages == [fits]
+    assert journal.of("detach") == []
+    assert journal.of("close") == []
 
 
-def test_oversized_multi_frame_message_is_refused_early(amqp_listener, amqp_client):
+def test_oversized_multi_frame_message_is_thrown_away_as_it_comes(amqp_listener, amqp_client):
     journal = Journal()
     _engine, port = amqp_listener(
         lambda: Recorder(journal), max_message_size=100_000, max_frame_size=4096
     )
     sender = amqp_client(port).sender("in")
-    with pytest.raises(AmqpError, match="amqp:link:message-size-exceeded"):
-        sender.send(codec.encode_message(b"x" * 1_000_000))
-    assert journal.messages == []
+    oversized = codec.encode_message(b"x" * 1_000_000)
+    refused = sender.send(oversized, timeout=30)
+    assert refused.outcome == Outcome.REJECTED
+    assert refused.error == Condition(
+        "amqp:link:message-size-exceeded",
+        f"message of {len(oversized)} bytes exceeds the limit of 100000 bytes",
+    ), "the size counts every frame, those thrown away too"
+    fits = codec.encode_message(b"y" * 50_000)
+    for _ in range(3):
+        assert sender.send(fits).outcome == Outcome.ACCEPTED
+    assert journal.messages == [fits] * 3
+    assert journal.of("detach") == []
 
 
 def test_sender_detaching_right_after_sending_loses_nothing(recorder):

@@ -4,6 +4,7 @@ after the field) and of the plan limits that reach the routers (never negative).
 from __future__ import annotations
 
 import yaml
+from enmasse.resources.contracts import max_message_size
 from enmasse.resources.kinds import resource_of
 from enmasse.resources.plans import load_default_plans, resource_from_manifest
 from enmasse.resources.validation import Catalog, validate_resource
@@ -61,14 +62,48 @@ def test_plan_limits_are_not_negative() -> None:
         },
     )
     assert _messages(plan) == [
-        f"AddressSpacePlan limited: spec.quotas.{name}: must not be negative (0 means unlimited)"
-        for name in (
-            "max_connections_per_user",
-            "max_message_size",
-            "max_links_per_connection",
-            "max_sessions_per_connection",
-        )
+        *(
+            f"AddressSpacePlan limited: spec.quotas.{name}: must not be negative "
+            "(0 means unlimited)"
+            for name in (
+                "max_connections_per_user",
+                "max_links_per_connection",
+                "max_sessions_per_connection",
+            )
+        ),
+        "AddressSpacePlan limited: spec.quotas.max_message_size: must be a positive number of "
+        "bytes, got -1 (leave it out for the default, 104857600 bytes = 100 MiB)",
     ]
+
+
+def _sized(size: int) -> resources_pb2.AddressSpacePlan:
+    return resources_pb2.AddressSpacePlan(
+        metadata={"name": "sized"},
+        spec={"address_space_type": "standard", "quotas": {"max_message_size": size}},
+    )
+
+
+def test_a_plan_max_message_size_is_bounded() -> None:
+    assert _messages(_sized(512 << 20)) == []
+    assert _messages(_sized((512 << 20) + 1)) == [
+        "AddressSpacePlan sized: spec.quotas.max_message_size: must be at most 536870912 bytes "
+        "(512 MiB), got 536870913"
+    ]
+
+
+def test_a_plan_without_max_message_size_takes_100_mib() -> None:
+    assert max_message_size(_sized(0).spec.quotas.max_message_size) == 100 * 1024 * 1024
+    assert max_message_size(_sized(4096).spec.quotas.max_message_size) == 4096
+    plans = [
+        r.address_space_plan
+        for r in load_default_plans()
+        if r.WhichOneof("kind") == "address_space_plan"
+    ]
+    assert {p.metadata.name: max_message_size(p.spec.quotas.max_message_size) for p in plans} == {
+        "standard-small": 100 << 20,
+        "development": 100 << 20,
+        "brokered-single": 100 << 20,
+    }
 
 
 def test_a_manifest_names_the_session_limit_as_the_other_quotas_and_it_is_checked() -> None:

@@ -12,7 +12,9 @@ import grpc
 import pytest
 from enmasse.amqp import codec
 from enmasse.amqp.client import AmqpError, Client
-from enmasse.amqp.engine import Outcome, Terminus
+from enmasse.amqp.engine import Condition, Outcome, Terminus
+from enmasse.broker.config import Settings
+from enmasse.resources.contracts import MAX_MESSAGE_SIZE_BOUND
 from enmasse.v1 import broker_pb2, resources_pb2
 
 from tests.fixtures.broker import BrokerFactory, BrokerProcess
@@ -236,17 +238,35 @@ def test_unknown_address_is_refused_with_not_found(broker: BrokerProcess) -> Non
             c.receiver("ghost")
 
 
-def test_oversized_message_detaches_with_size_exceeded_and_others_go_on(
+def test_an_oversized_delivery_is_rejected_alone_on_a_link_producers_share(
     broker_factory: BrokerFactory,
 ) -> None:
+    """One link carries several producers' messages (a standard space's router shares one per
+    broker): the oversized one is rejected, the others before and after it are taken."""
     broker = broker_factory("--max-message-size=2000")
     broker.ensure_queue("q")
     with client(broker) as c:
         sender = c.sender("q")
-        with pytest.raises(AmqpError, match="amqp:link:message-size-exceeded"):
-            sender.send(message("x" * 5000))
-        assert c.sender("q").send(message("small")).outcome == Outcome.ACCEPTED
-        assert body(c.receiver("q").receive().payload) == "small"
+        assert sender.link is not None
+        assert sender.link.remote_max_message_size == 2000, "advertised at attach"
+        before = sender.send_async(message("before"))
+        oversized = message("x" * 5000)
+        refused = sender.send_async(oversized)
+        after = sender.send_async(message("after"))
+        assert before.result(10).outcome == Outcome.ACCEPTED
+        assert refused.result(10).outcome == Outcome.REJECTED
+        assert refused.result().error == Condition(
+            "amqp:link:message-size-exceeded",
+            f"message of {len(oversized)} bytes exceeds the limit of 2000 bytes",
+        )
+        assert after.result(10).outcome == Outcome.ACCEPTED
+        assert not sender.detached.done()
+        receiver = c.receiver("q", credit=10)
+        assert [body(receiver.receive().payload) for _ in range(2)] == ["before", "after"]
+
+
+def test_the_default_limit_takes_a_message_of_any_size_a_plan_allows() -> None:
+    assert Settings().max_message_size == MAX_MESSAGE_SIZE_BOUND == 512 << 20
 
 
 def test_garbage_and_half_open_connections_close_while_others_are_served(

@@ -1,6 +1,7 @@
 """A space plan's quotas on their way to the routers, pure: the space-wide counts split across
 the space's routers (ceil(max / routers) each, never 0 while the plan says a number), the
-per-connection and per-message limits as they are, and a changed plan (or router count) is a
+per-connection and per-message limits as they are (the message size 100 MiB when the plan names
+none), and a changed plan (or router count) is a
 new generation carrying the new limits."""
 
 from __future__ import annotations
@@ -40,9 +41,11 @@ def test_the_space_counts_are_split_across_its_routers() -> None:
     assert router_limits(QUOTAS, routers=2).max_connections == 500
     few = resources_pb2.Quotas(max_connections=2, max_connections_per_user=1)
     assert router_limits(few, routers=3) == router_pb2.RouterLimits(
-        max_connections=1, max_connections_per_user=1
+        max_connections=1, max_connections_per_user=1, max_message_size=100 << 20
     ), "never 0, which a router reads as no limit"
-    assert router_limits(resources_pb2.Quotas(), routers=2) == router_pb2.RouterLimits()
+    assert router_limits(resources_pb2.Quotas(), routers=2) == router_pb2.RouterLimits(
+        max_message_size=100 << 20
+    ), "a plan without a message size: 100 MiB, never unlimited"
 
 
 def test_a_plan_change_or_another_router_is_a_new_generation_with_new_limits() -> None:
@@ -77,4 +80,6 @@ def test_a_plan_change_or_another_router_is_a_new_generation_with_new_limits() -
         4,
     ]
     assert routing.update(routes={}, held_back={}, routers=routers(3), now_ms=400, quotas=None)
-    assert routing.config("r0").limits == router_pb2.RouterLimits(), "no plan: no limits"
+    assert routing.config("r0").limits == router_pb2.RouterLimits(max_message_size=100 << 20), (
+        "no plan: no limits but the default message size"
+    )

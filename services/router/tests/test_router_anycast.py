@@ -279,7 +279,12 @@ def test_anonymous_relay_routes_by_to_and_rejects_what_it_cannot(
     router: RouterProcess, client: Callable[[], Client]
 ) -> None:
     receiver = client().receiver("work", credit=5)
-    anonymous = client().sender(None)
+    relaying = client()
+    # offered in the open frame, as a brokered space's broker offers it: clients may check it
+    assert relaying.call(lambda: relaying.connection.remote_offered_capabilities) == (
+        "ANONYMOUS-RELAY",
+    )
+    anonymous = relaying.sender(None)
     routed = anonymous.send_async(codec.encode_message(b"9", to="work"))
     got = receiver.receive(10)
     receiver.accept(got)

@@ -84,7 +84,7 @@ def test_the_broker_gets_the_spaces_users_its_plans_policy_and_limits() -> None:
 def test_a_missing_plan_allows_logins_and_nothing_more() -> None:
     access = client_access(space="jms", plan=None, users=[user("alice")])
     assert (access.allow_anonymous, access.allow_plain_without_tls) == (False, False)
-    assert access.limits == router_pb2.RouterLimits()
+    assert access.limits == router_pb2.RouterLimits(max_message_size=100 << 20)
     assert [u.username for u in access.users] == ["alice"]
 
 

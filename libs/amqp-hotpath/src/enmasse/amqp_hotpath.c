@@ -48,6 +48,7 @@ typedef struct {
 #define PN_EOS (-1)
 #define PN_ACCEPTED 0x24
 #define PN_MODIFIED 0x27
+#define TRANSACTIONAL_STATE 0x34 /* amqp:transactional-state:list: an outcome under a transaction */
 
 /* What next_event returns first for the records it builds itself (proton's own event types
  * are positive). */
@@ -204,7 +205,10 @@ static PyObject *delivery_record(pn_event_t *event) {
     pn_link_t *link = pn.delivery_link(delivery);
     if (pn.link_is_sender(link)) {
         uint64_t state = pn.delivery_remote_state(delivery);
-        bool terminal = state >= PN_ACCEPTED && state <= PN_MODIFIED;
+        /* A transactional state is passed on unsettled too: its outcome waits for the
+         * transaction, which the handler tracks. */
+        bool terminal = (state >= PN_ACCEPTED && state <= PN_MODIFIED) ||
+                        state == TRANSACTIONAL_STATE;
         if (!terminal && !pn.delivery_settled(delivery))
             return NULL; /* a non-terminal state (received): the outcome comes later */
         return Py_BuildValue("(iNK)", KIND_OUTCOME, from_pointer(delivery),

@@ -422,3 +422,45 @@ def with_delivery_count(payload: bytes, delivery_count: int) -> bytes:
     broker does on redelivery (an earlier delivery acquired it, AMQP 1.0 §3.2.1)."""
     header = read_header(payload)._replace(delivery_count=delivery_count, first_acquirer=False)
     return with_header(payload, header)
+
+
+def with_message_annotations(payload: bytes, changes: Mapping[str, Any]) -> bytes:
+    """The same message with these message-annotations set (a None value removes the key):
+    every other annotation and every other section is kept byte for byte (a broker rewriting
+    `x-opt-delivery-delay` into `x-opt-delivery-time`). New keys are symbols; int values longs."""
+    found = _find(payload, MESSAGE_ANNOTATIONS)
+    kept: list[tuple[bytes, bytes]] = []
+    if found is None:
+        start = end = _after_header_and_delivery_annotations(payload)
+    else:
+        start, value_pos = found
+        end = _skip(payload, value_pos)
+        code = payload[value_pos]
+        if code == 0xC1:
+            count, pos = payload[value_pos + 2], value_pos + 3
+        elif code == 0xD1:
+            count = int.from_bytes(payload[value_pos + 5 : value_pos + 9], "big")
+            pos = value_pos + 9
+        else:
+            raise CodecError(f"message-annotations is not a map (format code 0x{code:02x})")
+        for _ in range(count // 2):
+            key, key_end = _read(payload, pos)
+            value_end = _skip(payload, key_end)
+            if str(key) not in changes:
+                kept.append((payload[pos:key_end], payload[key_end:value_end]))
+            pos = value_end
+    for key, value in changes.items():
+        if value is not None:
+            encoded = b"\x81" + struct.pack(">q", value) if isinstance(value, int) else _enc(value)
+            kept.append((_symbol(key), encoded))
+    section = b"\x00Sr" + _map(kept) if kept else b""
+    return payload[:start] + section + payload[end:]
+
+
+def _after_header_and_delivery_annotations(payload: bytes) -> int:
+    pos = 0
+    while True:
+        found = _section_at(payload, pos)
+        if found is None or found[0] > DELIVERY_ANNOTATIONS:
+            return pos
+        pos = _skip(payload, found[1])

@@ -50,6 +50,17 @@ OUTCOME_ACCEPTED, OUTCOME_NONE = Outcome.ACCEPTED, Outcome.NONE
 TERMINAL = frozenset(
     (lib.PN_ACCEPTED, lib.PN_REJECTED, lib.PN_RELEASED, lib.PN_MODIFIED),
 )
+DECLARED = 0x33
+"""A coordinator's answer to a Declare: delivery state `amqp:declared:list` [txn-id]."""
+TRANSACTIONAL_STATE = 0x34
+"""`amqp:transactional-state:list` [txn-id, outcome]: a transfer or disposition under a
+transaction (AMQP 1.0 §4.5.5); proton has no name for it or DECLARED, only their codes."""
+_OUTCOME_DESCRIPTORS = {
+    "amqp:accepted:list": Outcome.ACCEPTED,
+    "amqp:rejected:list": Outcome.REJECTED,
+    "amqp:released:list": Outcome.RELEASED,
+    "amqp:modified:list": Outcome.MODIFIED,
+}
 
 
 @dataclass(frozen=True)
@@ -81,6 +92,7 @@ class Terminus:
     distribution_mode: str | None = None
     capabilities: tuple[str, ...] = ()
     filter: dict[str, Any] | None = None
+    coordinator: bool = False  # a transaction coordinator target (AMQP 1.0 §4.5.1), no address
 
 
 @dataclass(frozen=True)
@@ -121,6 +133,29 @@ def read_data(ptr: Any) -> Any:
     if data.next() is None:
         return None
     return data.get_object()
+
+
+def write_data(ptr: Any, value: Any) -> None:
+    """Encodes `value` into a proton `pn_data_t` (a delivery state's fields)."""
+    from proton import Data
+
+    Data(ptr).put_object(value)
+
+
+def transactional_fields(fields: Any) -> tuple[bytes | None, Outcome]:
+    """A TransactionalState's [txn-id, outcome] as (txn-id, outcome); a missing outcome is
+    NONE, a missing or malformed txn-id None (the caller refuses it)."""
+    if not isinstance(fields, list) or not fields:
+        return None, Outcome.NONE
+    txn_id = bytes(fields[0]) if isinstance(fields[0], bytes | memoryview) else None
+    outcome = Outcome.NONE
+    if len(fields) > 1 and fields[1] is not None:
+        descriptor = getattr(fields[1], "descriptor", None)
+        if isinstance(descriptor, int):
+            outcome = OUTCOMES.get(descriptor, Outcome.NONE)
+        elif descriptor is not None:
+            outcome = _OUTCOME_DESCRIPTORS.get(str(descriptor), Outcome.NONE)
+    return txn_id, outcome
 
 
 def server_tls_domain(tls: Tls) -> Any:
@@ -203,6 +238,7 @@ def read_terminus(ptr: Any) -> Terminus:
         distribution_mode=DIST_NAMES.get(lib.pn_terminus_get_distribution_mode(ptr)),
         capabilities=capabilities,
         filter={str(k): v for k, v in flt.items()} if isinstance(flt, dict) else None,
+        coordinator=lib.pn_terminus_get_type(ptr) == lib.PN_COORDINATOR,
     )
 
 

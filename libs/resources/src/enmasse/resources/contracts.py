@@ -75,6 +75,8 @@ AMQP: Final = "amqp"
 """The endpoint over plain TCP (SCRAM logins; PLAIN and ANONYMOUS only where the plan allows)."""
 AMQPS: Final = "amqps"
 """The same endpoint over TLS, its certificate naming that router or broker."""
+MQTT: Final = "mqtt"
+"""A standard space's MQTT gateway (MQTT 3.1.1 and 5 over TCP; logins checked by its routers)."""
 
 # ------------------------------------------------------------------ messaging user operations
 
@@ -93,6 +95,23 @@ SYSTEM_PREFIX: Final = "$"
 """The control plane's own addresses (the router-agent's probe: `$enmasse/...`)."""
 RESERVED_PREFIXES: Final = (DYNAMIC_PREFIX, MESH_PREFIX, SYSTEM_PREFIX)
 """Address prefixes kept for the routers' and the control plane's own links."""
+
+# ------------------------------------------------------------------ the size of one message
+
+DEFAULT_MAX_MESSAGE_SIZE: Final = 100 << 20
+"""The largest message (its encoded bytes, headers included) a space takes when its plan names
+no `quotas.maxMessageSize`: 100 MiB, as RabbitMQ and ActiveMQ allow. The space's routers
+advertise it at attach and refuse a larger delivery for its producer alone (REJECTED with
+amqp:link:message-size-exceeded); a brokered space's broker does the same."""
+MAX_MESSAGE_SIZE_BOUND: Final = 512 << 20
+"""The most a plan may allow (512 MiB, RabbitMQ's ceiling too; a broker's journal takes records
+up to 1 GiB). A standard space's broker takes messages up to this size, so it never refuses one
+its routers passed, whatever the space's plan says."""
+
+
+def max_message_size(planned: int) -> int:
+    """The limit a space enforces for its plan's `quotas.max_message_size` (0: not set)."""
+    return planned if planned > 0 else DEFAULT_MAX_MESSAGE_SIZE
 
 
 class ReplyAddresses:

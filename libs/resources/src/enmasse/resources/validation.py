@@ -38,6 +38,8 @@ from enmasse.resources.authorization import pattern_problem
 from enmasse.resources.contracts import (
     ADDRESS_TYPES,
     BROKERED,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    MAX_MESSAGE_SIZE_BOUND,
     OPERATIONS,
     QUEUE,
     RESERVED_PREFIXES,
@@ -70,6 +72,21 @@ ADDRESS_CHARACTERS = "letters, digits and _ . - / #"
 _DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # used with fullmatch
 _ADDRESS_CHARACTER = re.compile(r"[^A-Za-z0-9_.\-/#]")  # the first character outside the set
 _SEGMENT_SEPARATORS = re.compile(r"[/.]")
+
+
+def max_message_size_problem(size: int) -> str | None:
+    """Why a plan's max message size (bytes; 0: the default) cannot be used, or None."""
+    if size < 0:
+        return (
+            f"must be a positive number of bytes, got {size} (leave it out for the default, "
+            f"{DEFAULT_MAX_MESSAGE_SIZE} bytes = {DEFAULT_MAX_MESSAGE_SIZE >> 20} MiB)"
+        )
+    if size > MAX_MESSAGE_SIZE_BOUND:
+        return (
+            f"must be at most {MAX_MESSAGE_SIZE_BOUND} bytes "
+            f"({MAX_MESSAGE_SIZE_BOUND >> 20} MiB), got {size}"
+        )
+    return None
 
 
 def address_problem(address: str, *, subscription_queue: bool = False) -> str | None:
@@ -528,12 +545,14 @@ class _Rules:
             "max_connections",
             "max_routers",
             "max_connections_per_user",
-            "max_message_size",
             "max_links_per_connection",
             "max_sessions_per_connection",
         ):
             if getattr(quotas, name) < 0:
                 self.bad(f"spec.quotas.{name}", "must not be negative (0 means unlimited)")
+        size_problem = max_message_size_problem(quotas.max_message_size)
+        if size_problem:
+            self.bad("spec.quotas.max_message_size", size_problem)
         if spec.address_space_type == BROKERED:
             # The login policy is what a standard space's routers enforce; a brokered space has
             # none, so a plan saying it allows more would promise what nobody does.

@@ -27,6 +27,12 @@ lives in memory only (a non-persistent plan: never journaled, never in the catal
 ListAddresses) for as long as the AMQP side keeps it, and is gone with what it holds when
 `drop_dynamic_queue` is called (its link or connection ended). It is found by name like any
 queue (`find_queue`), looked for only after the named queues and topics.
+
+A message that asks for a delivery time or a group (`asks.py`: `x-opt-delivery-time` /
+`x-opt-delivery-delay`, `group-id`) is enqueued through `_admit`: a delay is rewritten into an
+absolute time in the bytes before the journal sees them; a scheduled entry waits in its queue
+and the `Scheduler` (schedule.py, one loop timer) calls `release_due` at its time; at start the
+journal's messages are read again for both, so a scheduled one is scheduled again.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from pathlib import Path
 import structlog
 from enmasse.amqp import codec
 from enmasse.amqp.selector import Selector, SelectorError, compile_selector
+from enmasse.broker.asks import PROPERTIES_CODE, Asks, asks_of
 from enmasse.broker.catalog import Catalog, CatalogData
 from enmasse.broker.entry import (
     DEAD_LETTERED,
@@ -52,6 +59,7 @@ from enmasse.broker.inbox import DrainTokens, InboxAddress, identity_problem
 from enmasse.broker.journal import DEAD_LETTER_HELD, Journal, Recovered
 from enmasse.broker.plan import Plan
 from enmasse.broker.queue import MemoryBudget, Queue
+from enmasse.broker.schedule import Scheduler
 from enmasse.broker.topic import Subscription, Topic
 from enmasse.resources.contracts import DYNAMIC_PREFIX, SUBSCRIPTION_SEPARATOR, ReplyAddresses
 from enmasse.resources.validation import address_problem
@@ -113,6 +121,9 @@ class Broker:
         self._holding: set[Queue] = set()  # queues holding dead letters with nowhere to go
         self.dynamic: dict[str, Queue] = {}  # temporary queues, by their `_dynamic/...` name
         self._reply_addresses = ReplyAddresses("broker")
+        # Scheduled delivery (schedule.py): the AMQP side gives it the loop (`use_loop`).
+        self.scheduler = Scheduler[Queue](clock=now_ms)
+        self.scheduler.on_due = self.release_due
 
     # ------------------------------------------------------------------ start
 
@@ -146,7 +157,11 @@ class Broker:
                     continue
                 if count is not None:
                     entry.delivery_count, entry.failed_attempts = count
-                queue.enqueue_with_priority(entry, _recovered_priority(payload))
+                asks = asks_of(payload)  # its due time is in its bytes: scheduled again
+                if asks is not None:
+                    self._admit(queue, entry, asks, _recovered_priority(payload))
+                else:
+                    queue.enqueue_with_priority(entry, _recovered_priority(payload))
             if queue is None:
                 log.warning("journal held messages of a queue that is gone", queue=queue_name)
         self._rehome_dead_letters()
@@ -421,10 +436,16 @@ class Broker:
                 return True  # already dead: owned and dropped, never delivered
         msg_id = self._next_id
         self._next_id += 1
+        # None unless scheduled or grouped (asks.py); most messages never make the call
+        asks = None if payload[2:3] > PROPERTIES_CODE else asks_of(payload, now=now)
+        if asks is not None:
+            payload = asks.payload  # a delay is stored as the time it ends, journal included
         if queue is not None:
             journaled = durable and plan.persistent and self.journal is not None
             entry = Entry(msg_id, payload, journaled, expires_at, delivery_count)
-            if priority == DEFAULT_PRIORITY:
+            if asks is not None:
+                self._admit(queue, entry, asks, priority)
+            elif priority == DEFAULT_PRIORITY:
                 queue.enqueue(entry)
             else:
                 queue.enqueue_with_priority(entry, priority)
@@ -440,6 +461,7 @@ class Broker:
                 durable=durable and self.journal is not None,
                 expires_at=expires_at,
                 priority=priority,
+                admit=None if asks is None else lambda q, e: self._admit(q, e, asks, priority),
             )
             journaled_to = [q.name for q, e in fanned if e.journaled]
             for q, _ in fanned:
@@ -457,6 +479,30 @@ class Broker:
         if on_owned is not None:
             self.journal.after_commit(on_owned)
         return False
+
+    def _admit(self, queue: Queue, entry: Entry, asks: Asks, priority: int) -> None:
+        """Enqueues a message that asked for a delivery time or a group (asks.py)."""
+        if asks.deliver_at:
+            if queue.schedule(entry, asks.deliver_at, priority=priority, group=asks.group):
+                self.scheduler.wake(queue, asks.deliver_at)
+        elif asks.group is not None:
+            queue.enqueue_in_group(entry, group=asks.group, priority=priority)
+        else:
+            queue.enqueue_with_priority(entry, priority)
+
+    def release_due(self, now: int | None = None) -> int:
+        """Makes scheduled messages whose time has come ready and dispatches them; returns how
+        many (the scheduler's timer calls this on the loop; domain tests call it by hand)."""
+        now = now if now is not None else now_ms()
+        released = 0
+        for queue in self.scheduler.due(now):
+            released += queue.release_due(now)
+            following = queue.next_due()
+            if following:
+                self.scheduler.wake(queue, following)
+            queue.dispatch(now)
+        self.scheduler.rearm()
+        return released
 
     def _dispatch(self, queue: Queue) -> None:
         if self.dispatch_later is not None:

@@ -27,10 +27,11 @@ Why it is built so:
   every login fails until the storage-controller pushes; it asks each broker which version it
   holds (`ListAddresses.client_access_version`) and pushes again to one that restarted. A client
   endpoint never falls back to letting clients in unchecked;
-- everything is decided once per connection and once per link; the broker's per-message path is
-  untouched: it takes no anonymous-relay links (a sender needs a target address, so no message's
-  `to` is ever looked at), and a smaller message size limit is set on the link at attach, where
-  the engine checks every receiving link's size anyway.
+- everything is decided once per connection and once per link, and a smaller message size limit
+  is set on the link at attach, where the engine checks every receiving link's size anyway; the
+  broker's per-message path is untouched but on an anonymous-relay link (no target address, each
+  message's `to` naming its address, `relay.py`), where each new `to` is decided once
+  (`send_refusal`) and kept on the link until the next push (`generation`).
 """
 
 from __future__ import annotations
@@ -139,6 +140,7 @@ class ClientEndpoint:
         self._is_queue = is_queue
         self._connections: dict[Connection, Permissions] = {}
         self._reply_owners: dict[str, Connection] = {}  # dynamic address -> who made it
+        self.generation = 0  # one more at every push: what relay links decided is stale then
 
     def logins(self) -> UserLogins:
         """The client listener's authenticator, over whatever access is in force at a login."""
@@ -189,15 +191,42 @@ class ClientEndpoint:
         permissions = self._connections.get(link.connection)
         if permissions is None:
             return CLOSING  # pipelined behind an open that was turned away
+        over = self._over_link_limit(link)
+        if over is not None:
+            return over
+        refusal = self._refusal(link, address, permissions)
+        if refusal is not None:
+            return Condition(UNAUTHORIZED, refusal)
+        link.limit_message_size(self.access.limits.max_message_size)
+        return None
+
+    def relay_refusal(self, link: Link) -> Condition | None:
+        """Why the peer may not attach `link` as an anonymous relay (no target address), or
+        None: its messages are then checked per `to` (`send_refusal`)."""
+        if link.connection not in self._connections:
+            return CLOSING
+        over = self._over_link_limit(link)
+        if over is not None:
+            return over
+        link.limit_message_size(self.access.limits.max_message_size)
+        return None
+
+    def send_refusal(self, conn: Connection, to: str) -> str | None:
+        """Why `conn`'s user may not send a message to `to` on a relay link, or None. A reply
+        address: anyone may send to it."""
+        permissions = self._connections.get(conn)
+        if permissions is None:
+            return CLOSING.description
+        if dynamic_owner(to) is not None or permissions.may(SEND, to):
+            return None
+        return permissions.refusal(SEND, to)
+
+    def _over_link_limit(self, link: Link) -> Condition | None:
         limit = self.access.limits.max_links_per_connection
         if limit and sum(1 for other in link.connection.links if other.is_open) >= limit:
             return Condition(
                 LIMIT_EXCEEDED, f"too many links on this connection: this broker allows {limit}"
             )
-        refusal = self._refusal(link, address, permissions)
-        if refusal is not None:
-            return Condition(UNAUTHORIZED, refusal)
-        link.limit_message_size(self.access.limits.max_message_size)
         return None
 
     def _refusal(self, link: Link, address: str, permissions: Permissions) -> str | None:
@@ -228,6 +257,7 @@ class ClientEndpoint:
         """Puts `access` in force (the next login and attach read it) and closes the live links
         of users whose rules it changed that lost their right; returns how many it closed."""
         previous, self.access = self.access, access
+        self.generation += 1
         old, new = previous.rules, access.rules
         changed = {user for user in old.keys() | new.keys() if old.get(user) != new.get(user)}
         lost: list[tuple[Link, Condition]] = []

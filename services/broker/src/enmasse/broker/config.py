@@ -24,6 +24,7 @@ from enmasse.amqp.engine import Tls
 from enmasse.amqp.tls import mutual_tls
 from enmasse.broker.plan import Plan
 from enmasse.common.certificates import TlsFiles
+from enmasse.resources.contracts import MAX_MESSAGE_SIZE_BOUND
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,11 @@ class Settings:
     port: int = 0
     admin_port: int = 0
     data_dir: Path | None = None
-    max_message_size: int = 1 << 20
+    # Bytes of one message; a larger delivery is rejected for its producer alone. As much as
+    # any plan may allow: a standard space's routers enforce the space's own limit at the edge,
+    # and this broker must never refuse what they passed (a brokered space's broker takes its
+    # plan's smaller limit on each client link: `clients.py`).
+    max_message_size: int = MAX_MESSAGE_SIZE_BOUND
     memory_limit_bytes: int = 512 << 20  # broker-wide: producers wait beyond it
     segment_bytes: int = 64 << 20
     credit_window: int = 1000

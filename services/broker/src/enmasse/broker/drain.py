@@ -258,7 +258,7 @@ class Drain(ConnectionHandler):
             return
         if any(self._outstanding.values()):
             return
-        if any(q.depth or q.in_flight or q.dead_letters_held for q in self.queues):
+        if any(q.depth or q.in_flight or q.dead_letters_held or q.scheduled for q in self.queues):
             return  # messages to move (held dead letters too), or consumers holding deliveries
         self._end()
         log.info("drain complete", moved=self.moved, queues=[q.name for q in self.queues])

@@ -5,6 +5,8 @@ A topic publishes one entry per subscription queue; they share `id` and `payload
 `id` orders messages (FIFO, recovery) and keys the journal records of a durable message.
 `priority` (AMQP header, 0-9, default 4; above 9 counts as 9) is set only on an entry whose
 message asked for another priority than the default, so the common case pays nothing for it.
+`group` (properties group-id) and `deliver_at` (a scheduled message's due time) likewise exist
+only on the entries whose message asked for them (`asks.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ class State(enum.IntEnum):
     READY = 0  # waiting in the queue
     IN_FLIGHT = 1  # sent to a consumer, not yet settled
     GONE = 2  # acknowledged, expired, dead-lettered, drained or deleted
+    SCHEDULED = 3  # stored, not visible until its delivery time (schedule.py)
 
 
 class Removal(enum.Enum):
@@ -34,6 +37,7 @@ class Removal(enum.Enum):
 # message meets a dozen of them on its way: the per-message paths use these module names (a
 # global lookup, about 10 ns) for the same members.
 READY, IN_FLIGHT, GONE = State.READY, State.IN_FLIGHT, State.GONE
+SCHEDULED = State.SCHEDULED
 ACKED, EXPIRED, DEAD_LETTERED = Removal.ACKED, Removal.EXPIRED, Removal.DEAD_LETTERED
 DRAINED, DELETED = Removal.DRAINED, Removal.DELETED
 
@@ -42,9 +46,11 @@ TOP_PRIORITY = 9  # 0-9 are distinct levels; a higher priority counts as 9
 
 class Entry:
     __slots__ = (
+        "deliver_at",
         "delivery_count",
         "expires_at",
         "failed_attempts",
+        "group",
         "id",
         "journaled",
         "payload",
@@ -55,6 +61,8 @@ class Entry:
 
     refused_by: set[object]  # a slot, set only on entries some consumer refused (see queue.py)
     priority: int  # a slot, set only when not DEFAULT_PRIORITY: read it with `priority_of`
+    group: str  # a slot, set only on a message with a group-id (groups.py)
+    deliver_at: int  # a slot, set only on a scheduled message: wall-clock ms (schedule.py)
 
     # Positional too: one Entry is made per message published, and keywords cost more.
     def __init__(

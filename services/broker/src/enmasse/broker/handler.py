@@ -14,11 +14,12 @@ messages are handed to consumers once per loop turn, per queue, not once per mes
 Pre-settled sends are taken at most once: nothing goes back to the producer, and a durable one
 that was not yet fsync'd when the broker died is gone. Producers
 get credit in windows, topped up only while the target has room: at the memory limit they simply
-wait. Bad input (unknown address, anonymous or dynamic targets, undecodable headers) is refused
+wait. Bad input (unknown address, dynamic targets, undecodable headers) is refused
 on that link alone; an address the address rule refuses (`address_problem`, the one the config
 service checks `spec.address` with) is refused at attach with amqp:invalid-field, never looked at
 again per message; the engine already closes connections that send garbage or go silent, and
-detaches links whose message exceeds the size limit (amqp:link:message-size-exceeded).
+rejects a delivery over the size limit for its producer alone (amqp:link:message-size-exceeded;
+the link, which a standard space's router shares among its producers, goes on).
 A receiver's JMS selector (the `apache.org:selector-filter:string` source filter) is compiled
 once at attach (`enmasse.amqp.selector`; one that does not parse is refused with
 amqp:invalid-field and the parser's words): a queue consumer takes only what it selects, a
@@ -33,6 +34,17 @@ messages when that ends. Anyone may send to it (the reply goes where `reply-to` 
 connection may receive from it (`ClientEndpoint`); a sender attaching to a reply address that
 is gone is refused with amqp:not-found, and one whose reply address goes while it is attached
 has its next delivery rejected with amqp:not-found and its link closed.
+
+A sender with no target address is an anonymous relay (`relay.py`; ANONYMOUS-RELAY is in our
+open frame): each message goes where its `to` says, and one that cannot is rejected alone (the
+router's conditions), the link staying up; only a connection that attached one takes that path.
+
+A sender whose target is a Coordinator is the connection's transaction coordinator
+(`coordinator.py` maps Declare, Discharge and transactional transfers and dispositions onto
+`transactions.py`): from its attach on, that connection's messages pass `Coordination.takes`
+first, and a consumer's transactional disposition (`on_transactional_outcome`) holds the message
+for the transaction; a connection without a coordinator never pays for any of it. A coordinator
+link or connection that ends rolls its open transactions back.
 
 A drain from another broker is an ordinary connection that presents a token from PrepareDrain
 (inbox.py) in its open frame: only such a connection may attach a sending link to a subscription
@@ -72,13 +84,16 @@ from enmasse.amqp.wire import OUTCOME_ACCEPTED
 from enmasse.broker.broker import Broker, Conflict, NotFound, now_ms
 from enmasse.broker.clients import ClientEndpoint
 from enmasse.broker.config import Settings
+from enmasse.broker.coordinator import Coordination, CoordinatorLink
 from enmasse.broker.entry import IN_FLIGHT, Entry
 from enmasse.broker.facts import message_facts
 from enmasse.broker.hops import TracedMessages
 from enmasse.broker.inbox import DRAIN_TOKEN_PROPERTY
 from enmasse.broker.journal import GroupCommitter
 from enmasse.broker.queue import ACCEPTED, MODIFIED, RELEASED, Queue, Settlement
+from enmasse.broker.relay import Relay
 from enmasse.broker.topic import durable_identity
+from enmasse.broker.transactions import TransactionError, Transactions
 from enmasse.resources.contracts import SUBSCRIPTION_SEPARATOR, dynamic_owner
 from enmasse.resources.validation import address_problem
 
@@ -90,6 +105,8 @@ NOT_IMPLEMENTED = "amqp:not-implemented"
 DECODE_ERROR = "amqp:decode-error"
 UNAUTHORIZED = "amqp:unauthorized-access"
 RESOURCE_LOCKED = "amqp:resource-locked"
+# In our open frame: clients check it before sending on a link without a target (`relay.py`).
+OFFERED = ("ANONYMOUS-RELAY",)
 
 
 class Endpoint:
@@ -112,6 +129,8 @@ class Endpoint:
         self._logins = self.clients.logins() if self.clients is not None else None
         self._throttle = LoginThrottle()  # one count of failed logins for amqp and amqps
         broker.dispatch_later = self.dispatch_later
+        broker.scheduler.use_loop(engine.call_later)  # scheduled delivery's timer (schedule.py)
+        self.transactions = Transactions(broker)  # the coordinator's (coordinator.py)
         self.committer = (
             GroupCommitter(
                 broker.journal, post=engine.call_soon_threadsafe, on_failure=self._journal_failed
@@ -129,6 +148,7 @@ class Endpoint:
             idle_timeout=self.settings.idle_timeout or None,
             tls=self.settings.router_tls,  # a standard space's broker: its routers only
             authenticator=self._logins,  # a brokered space's broker: its clients log in
+            offered_capabilities=OFFERED,
             throttle=self._throttle,
         )
         self._reaper = self.engine.call_later(self.settings.reap_interval, self._reap)
@@ -146,6 +166,7 @@ class Endpoint:
             tls=tls,
             authenticator=self._logins,
             throttle=self._throttle,
+            offered_capabilities=OFFERED,
         )
 
     def schedule_commit(self) -> None:
@@ -288,6 +309,11 @@ class BrokerConnection(ConnectionHandler):
         # The temporary queues this connection made: name -> lives as long as the connection
         # (False: as long as its link)
         self._dynamic: dict[str, bool] = {}
+        # How named links' messages are taken, once an anonymous relay link came (`_attach_relay`)
+        self._named_message: Callable[[Link, Delivery], None] | None = None
+        # Its transactions, once a coordinator attached (`_attach_coordinator`)
+        self._coordination: Coordination | None = None
+        self._plain_message: Callable[[Link, Delivery], None] | None = None
 
     def on_connection_open(self, conn: Connection) -> None:
         self.container_id = conn.container_id or ""
@@ -299,6 +325,8 @@ class BrokerConnection(ConnectionHandler):
                 conn.close(admitted)
 
     def on_connection_close(self, conn: Connection, error: Condition | None) -> None:
+        if self._coordination is not None:
+            self._coordination.end()  # open transactions roll back
         for name in list(self._dynamic):
             self._drop_dynamic(name)
         if self.clients is not None:
@@ -309,6 +337,9 @@ class BrokerConnection(ConnectionHandler):
     # ------------------------------------------------------------------ attach / detach
 
     def on_link_attach(self, link: Link) -> None:
+        if link.target.coordinator and not link.is_sender:
+            self._attach_coordinator(link)
+            return
         if link.is_sender and link.source.dynamic:
             self._attach_dynamic_consumer(link)
             return
@@ -318,6 +349,58 @@ class BrokerConnection(ConnectionHandler):
             self._attach_consumer(link)
         else:
             self._attach_producer(link)
+
+    def _attach_coordinator(self, link: Link) -> None:
+        """A transaction coordinator (coordinator.py, transactions.py). From now on this
+        connection's messages pass its `takes` first; a connection without one never does."""
+        if self._coordination is None:
+            self._coordination = Coordination(
+                transactions=self.endpoint.transactions,
+                owner=self,
+                schedule_commit=self.endpoint.schedule_commit,
+            )
+            self._plain_message = self.on_message
+            self.on_message = self._on_message_in_transactions  # type: ignore[method-assign,assignment]
+        self._coordination.attach(link)
+
+    def _on_message_in_transactions(self, link: Link, delivery: Delivery) -> None:
+        coordination = self._coordination
+        plain = self._plain_message
+        assert coordination is not None
+        assert plain is not None
+        sends = type(link.context) in (Producer, Relay)
+        publish = self._publish_in_transaction if sends else None
+        if not coordination.takes(link, delivery, publish=publish):
+            plain(link, delivery)
+
+    def _publish_in_transaction(self, txn_id: bytes | None, delivery: Delivery) -> None:
+        """A producer's message sent under a transaction: held until it commits. On an
+        anonymous relay its `to` says where, decided as for any relayed message."""
+        assert self._coordination is not None
+        producer: Producer = delivery.link.context
+        if type(producer) is Relay:
+            to = producer.destination(delivery, broker=self.broker, clients=self.clients)
+            if isinstance(to, Condition):
+                delivery.link.flow(1)  # refused alone, as a relayed message (`_on_any_message`)
+                raise TransactionError(to.name, to.description)
+            producer.address = to
+        try:
+            durable, ttl, expiry, priority = message_facts(delivery.payload)
+        except (codec.CodecError, IndexError, ValueError) as exc:
+            raise TransactionError(DECODE_ERROR, str(exc)) from exc
+        self._coordination.transactions.publish(
+            txn_id,
+            owner=self,
+            address=producer.address,
+            payload=delivery.payload,
+            durable=durable,
+            ttl_ms=ttl,
+            absolute_expiry_ms=expiry,
+            priority=priority,
+        )
+        producer.credit_left -= 1
+        if producer.credit_left < self.window // 2:
+            self._top_up(producer)
 
     @staticmethod
     def _client_refused(link: Link, clients: ClientEndpoint) -> bool:
@@ -377,8 +460,11 @@ class BrokerConnection(ConnectionHandler):
 
     def _attach_producer(self, link: Link) -> None:
         address = link.address
-        if link.target.dynamic or not address:
+        if link.target.dynamic:
             link.refuse(Condition(NOT_IMPLEMENTED, "the broker needs a target address"))
+            return
+        if not address:
+            self._attach_relay(link)
             return
         if self._refused_address(link, address):
             return
@@ -408,6 +494,37 @@ class BrokerConnection(ConnectionHandler):
         link.context = producer
         link.accept()
         self._top_up(producer)
+
+    def _attach_relay(self, link: Link) -> None:
+        """A sender with no target address: an anonymous relay (`relay.py`), each message going
+        where its `to` says. From now on this connection's messages ask which kind of link they
+        came on; a connection without one never does."""
+        if self.clients is not None:
+            refusal = self.clients.relay_refusal(link)
+            if refusal is not None:
+                link.refuse(refusal)
+                return
+        relay = Relay(link)
+        link.context = relay
+        if self._named_message is None:
+            self._named_message = self.on_message
+            self.on_message = self._on_any_message  # type: ignore[method-assign,assignment]
+        link.accept()
+        link.flow(self.window)
+        relay.credit_left = self.window
+
+    def _on_any_message(self, link: Link, delivery: Delivery) -> None:
+        relay = link.context
+        if type(relay) is not Relay:
+            self._named_message(link, delivery)  # type: ignore[misc]
+            return
+        to = relay.destination(delivery, broker=self.broker, clients=self.clients)
+        if isinstance(to, Condition):
+            delivery.settle(Outcome.REJECTED, error=to)
+            link.flow(1)  # that one weighs nothing here
+            return
+        relay.address = to  # what the credit now waits on (see `_top_up`)
+        BrokerConnection.on_message(self, link, delivery)
 
     def _refused_address(self, link: Link, address: str) -> bool:
         """Refuses the link (the connection stays) when the address breaks the address rule;
@@ -496,6 +613,8 @@ class BrokerConnection(ConnectionHandler):
         if isinstance(context, LinkConsumer):
             queue = context.queue
             queue.remove_consumer(context)
+            if self._coordination is not None:
+                self.endpoint.transactions.consumer_gone(context)
             if context.subscription is not None:
                 self._end_subscription(link, context, closed=closed)
             if self._dynamic and self._dynamic.get(queue.name) is False:
@@ -506,6 +625,8 @@ class BrokerConnection(ConnectionHandler):
             self.endpoint.schedule_commit()
         elif isinstance(context, Producer):
             context.waiting = False
+        elif isinstance(context, CoordinatorLink) and self._coordination is not None:
+            self._coordination.end()  # its open transactions roll back
 
     def _end_subscription(self, link: Link, consumer: LinkConsumer, *, closed: bool) -> None:
         topic = link.address or ""
@@ -621,6 +742,24 @@ class BrokerConnection(ConnectionHandler):
             queue.settle(consumer, entry, settlement)
         queue.dispatch(now_ms())  # redeliver to whoever has credit
         self.endpoint.schedule_commit()  # dead letters may have moved
+
+    def on_transactional_outcome(
+        self, link: Link, delivery: Delivery, *, txn_id: bytes | None, outcome: Outcome
+    ) -> None:
+        """A consumer settled a delivery under a transaction: it stays acquired until the
+        discharge (coordinator.py); without a coordinator on this connection, as the engine's."""
+        consumer = link.context
+        if self._coordination is None or not isinstance(consumer, LinkConsumer):
+            super().on_transactional_outcome(link, delivery, txn_id=txn_id, outcome=outcome)
+            return
+        self._coordination.acquire(
+            link,
+            delivery,
+            txn_id=txn_id,
+            queue=consumer.queue,
+            consumer=consumer,
+            settlement=settlement_of(delivery, outcome),
+        )
 
 
 def _revoke(link: Link, error: Condition) -> None:

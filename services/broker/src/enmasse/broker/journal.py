@@ -21,6 +21,9 @@ Record on disk: `<u32 body length><u32 crc32(body)><body>`; body starts with a t
   a message consumed at the first attempt costs nothing more. Failed attempts DEAD_LETTER_HELD
   (0xFFFFFFFF) mark a dead letter held in its queue (no dead-letter queue on the broker): it is
   recovered held, not ready.
+- TXN: the records of one committed transaction (ENQUEUE, ACK, COUNT, each framed as above),
+  in ONE record under one checksum (`atomic()`): a crash leaves all of them or none. Recovery
+  applies them as if they stood alone (transactions.py writes it at discharge).
 
 Versioning: the type byte is the format's version. Types are only ever added, never changed, so
 a segment written by older code (ENQUEUE and ACK only) recovers unchanged; a type this code does
@@ -36,13 +39,14 @@ opened at each start, so a torn tail is never appended to.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import queue as queues_
 import struct
 import threading
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +63,7 @@ _NAME_LEN = struct.Struct("<H")
 _ENQUEUE = 1
 _ACK = 2
 _COUNT = 3
+_TXN = 4
 _SUFFIX = ".jnl"
 _MAX_RECORD = 1 << 30
 _U32 = 0xFFFFFFFF
@@ -182,8 +187,7 @@ class Journal:
         for name in names:
             parts.append(_NAME_LEN.pack(len(name)))
             parts.append(name)
-        parts.append(payload)
-        self._append(b"".join(parts))
+        self._append(b"".join(parts), payload)
         # Its segment is known only when its batch is handed to the writer (`take_batch`).
         live = _Live(-1, len(names))
         self._live[msg_id] = live
@@ -207,10 +211,25 @@ class Journal:
         head = _COUNT_HEAD.pack(_COUNT, msg_id, min(delivery_count, _U32), min(failed, _U32))
         self._append(head + queue.encode())
 
-    def _append(self, body: bytes) -> None:
-        self._buffer += _FRAME.pack(len(body), zlib.crc32(body))
+    def _append(self, body: bytes, payload: bytes = b"") -> None:
+        """Frames body + payload as one record. The payload (a message, up to the largest a plan
+        allows) is not joined to the body first: it is copied once, into the batch, and no more."""
+        crc = zlib.crc32(payload, zlib.crc32(body))
+        self._buffer += _FRAME.pack(len(body) + len(payload), crc)
         self._buffer += body
+        self._buffer += payload
         self.records += 1
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[None]:
+        """What is appended inside goes to disk as ONE TXN record: recovered all or nothing."""
+        outer, self._buffer = self._buffer, bytearray()
+        try:
+            yield
+        finally:
+            inner, self._buffer = self._buffer, outer
+            if inner:
+                self._append(bytes((_TXN,)) + inner)
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         self._callbacks.append(callback)
@@ -331,13 +350,30 @@ def _read_records(path: Path) -> Iterable[tuple[int | None, int, Any]]:
             yield None, 0, None
             return
         try:
-            decoded = _decode(data[start : start + length])
+            decoded = _decode_all(data[start : start + length])
         except (struct.error, UnicodeDecodeError, ValueError) as exc:
             log.warning("journal record undecodable", segment=path.name, offset=pos, error=str(exc))
             yield None, 0, None
             return
         pos = start + length
-        yield decoded
+        yield from decoded
+
+
+def _decode_all(body: bytes) -> list[tuple[int, int, Any]]:
+    """A record's contents: the record itself, or every record a TXN record holds."""
+    if body[0] != _TXN:
+        return [_decode(body)]
+    records = []
+    pos, end = 1, len(body)
+    while pos < end:
+        length, crc = _FRAME.unpack_from(body, pos)
+        start = pos + _FRAME.size
+        inner = body[start : start + length]
+        if len(inner) != length or zlib.crc32(inner) != crc:
+            raise ValueError("transaction record holds a corrupt record")
+        records.append(_decode(inner))
+        pos = start + length
+    return records
 
 
 def _decode(body: bytes) -> tuple[int, int, Any]:
@@ -418,6 +454,7 @@ class GroupCommitter:
                 self._post(functools.partial(self._fail, exc))
                 return
             self._post(functools.partial(self._done, batch))
+            del batch  # it may hold a 100 MiB message: not kept while the writer waits
 
     def _done(self, batch: Batch) -> None:
         self._busy = False

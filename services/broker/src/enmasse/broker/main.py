@@ -56,7 +56,12 @@ def parse_settings(argv: list[str] | None) -> Settings:
     p.add_argument("--admin-port", type=int, default=0, help="BrokerAdmin gRPC port (0: free)")
     p.add_argument("--data-dir", type=Path, default=None, help="journal + catalog (none: memory)")
     p.add_argument("--config", type=Path, default=None, help="YAML of queues and topics")
-    p.add_argument("--max-message-size", type=int, default=Settings.max_message_size)
+    p.add_argument(
+        "--max-message-size",
+        type=int,
+        default=Settings.max_message_size,
+        help="bytes of one message; a larger delivery is rejected (its link goes on)",
+    )
     p.add_argument("--memory-limit", type=int, default=Settings.memory_limit_bytes)
     p.add_argument("--segment-bytes", type=int, default=Settings.segment_bytes)
     p.add_argument("--credit-window", type=int, default=Settings.credit_window)

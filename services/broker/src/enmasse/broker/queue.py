@@ -55,6 +55,17 @@ Why it is built so:
   id shifted by the level (`_return_key`), equal to the id at level 4. A selective consumer of a
   prioritized queue scans the levels top down for the first entry it selects (its one-look
   bookkeeping is for the single-level case). Browsers still see entries in id order.
+- Scheduled entries (`schedule`, schedule.py) are SCHEDULED in a heap of their own, out of every
+  dispatch structure and of `depth` (in `bytes`, in the expiry heap) until `release_due` makes
+  them ready at their level; selective consumers are handed them (`_make_ready`), since their
+  id may be older than what arrived meanwhile.
+- Message groups (groups.py): the first entry with a group-id (`enqueue_in_group`) makes the
+  queue grouped for good, and dispatch goes through `_dispatch_grouped`: each consumer first
+  takes what is parked for it (its groups' entries, in key order), then the next entry of the
+  ready stream it may have; an entry of another consumer's group met there is parked with that
+  owner, one coming back (released, modified) is parked with it directly, and a consumer that
+  goes away gives its groups up and its parked entries back to `_returned`. A queue that never
+  saw a group-id pays one None check per dispatch call.
 """
 
 from __future__ import annotations
@@ -77,13 +88,16 @@ from enmasse.broker.entry import (
     GONE,
     IN_FLIGHT,
     READY,
+    SCHEDULED,
     TOP_PRIORITY,
     Entry,
     Removal,
     priority_level,
     priority_of,
 )
+from enmasse.broker.groups import Groups
 from enmasse.broker.plan import Plan
+from enmasse.broker.schedule import Scheduled
 
 
 class Consumer(Protocol):
@@ -167,6 +181,8 @@ class Queue:
         self._returns_fresh = False  # set for good once a consumer had a selector: see `_fresh`
         self._stale = 0  # entries taken out of the ready deque's middle since it was rebuilt
         self._levels: list[deque[Entry]] | None = None  # per priority; None: all default
+        self._groups: Groups[Consumer] | None = None  # from the first group-id: groups.py
+        self._scheduled: Scheduled | None = None  # entries not visible yet: schedule.py
         self._rr = 0
         self.depth = 0  # READY entries
         self.bytes = 0  # READY + IN_FLIGHT payload bytes
@@ -219,6 +235,83 @@ class Queue:
             selection.waiting.clear()  # selective consumers scan the levels from now on
         return levels
 
+    def enqueue_in_group(self, entry: Entry, *, group: str, priority: int) -> None:
+        """`enqueue_with_priority` for a message with a group-id: the first one makes the
+        queue grouped for good (`_dispatch_grouped`), as the first priority makes it
+        prioritized; a queue that never sees one never pays for groups."""
+        entry.group = group
+        if self._groups is None:
+            self._groups = Groups[Consumer]()
+        self.enqueue_with_priority(entry, priority)
+
+    def schedule(
+        self, entry: Entry, deliver_at: int, *, priority: int, group: str | None = None
+    ) -> bool:
+        """Stores an entry no consumer (nor browser, nor `depth`) sees before `deliver_at`
+        (ms since the epoch); it counts in `bytes` and expires at its deadline all the same.
+        True when it is now this queue's earliest: the broker's scheduler must know."""
+        entry.state = SCHEDULED
+        entry.deliver_at = deliver_at
+        if priority_level(priority) != DEFAULT_PRIORITY:
+            entry.priority = priority_level(priority)
+            if self._levels is None:
+                self._prioritize()
+        if group is not None:
+            entry.group = group
+            if self._groups is None:
+                self._groups = Groups[Consumer]()
+        size = len(entry.payload)
+        self.bytes += size
+        self.budget.used += size
+        if entry.expires_at:
+            heapq.heappush(self._expiring, (entry.expires_at, entry.id, entry))
+        self.enqueued += 1
+        if self._scheduled is None:
+            self._scheduled = Scheduled()
+        return self._scheduled.push(entry, deliver_at)
+
+    def release_due(self, now_ms: int) -> int:
+        """Makes every scheduled entry whose time has come ready (at its priority level, after
+        what is ready already); returns how many. The caller dispatches."""
+        if self._scheduled is None:
+            return 0
+        released = 0
+        for entry in self._scheduled.due(now_ms):
+            if entry.expired(now_ms):
+                self._remove(entry, EXPIRED)
+                continue
+            self._make_ready(entry)
+            released += 1
+        return released
+
+    def next_due(self) -> int:
+        """The earliest due time of a scheduled entry (0: none)."""
+        return self._scheduled.next_due() if self._scheduled is not None else 0
+
+    @property
+    def scheduled(self) -> int:
+        """Entries stored but not visible yet."""
+        return len(self._scheduled) if self._scheduled is not None else 0
+
+    def _make_ready(self, entry: Entry) -> None:
+        """A scheduled entry joins the ready entries. Its id may be older than entries that
+        arrived meanwhile, so selective consumers get it handed, not found by id (`_collect`)."""
+        for selection in self._selections.values():
+            if self.last_id > selection.seen_id:
+                self._collect(selection)
+        entry.state = READY
+        self.depth += 1
+        if self._levels is None:
+            self._ready.append(entry)
+        else:
+            self._levels[priority_of(entry)].append(entry)
+        if entry.id > self.last_id:
+            self.last_id = entry.id
+        if self._levels is None:  # a prioritized queue's selective consumers scan the levels
+            for selection in self._selections.values():
+                selection.waiting.append(entry)
+                selection.seen_id = self.last_id
+
     def _count_out(self, entry: Entry) -> None:
         size = len(entry.payload)
         self.bytes -= size
@@ -258,6 +351,9 @@ class Queue:
         self._selections.pop(consumer, None)
         for _, held in self._held_back:
             held.refused_by.discard(consumer)  # it will never ask again: do not keep it alive
+        if self._groups is not None:  # its groups are free; what waited for it comes back first
+            for item in self._groups.release(consumer):
+                heapq.heappush(self._returned, item)
         for entry in sorted(self._in_flight.pop(consumer), key=_by_id):
             self._return(entry, count=True)
 
@@ -276,7 +372,9 @@ class Queue:
         if self._held_back and consumers:
             sent = self._place_held_back(consumers)
         if consumers and self.depth:
-            if self._selections or self._levels is not None:
+            if self._groups is not None:
+                sent = self._dispatch_grouped(consumers, now_ms)
+            elif self._selections or self._levels is not None:
                 sent = self._dispatch_selective(consumers, now_ms)
             else:
                 sent = self._dispatch_round_robin(consumers, now_ms)
@@ -345,6 +443,91 @@ class Queue:
             i = (i + 1) % n
         self._rr = i
         return sent
+
+    def _dispatch_grouped(self, consumers: list[Consumer], now_ms: int) -> int:
+        """`_dispatch_selective` for a queue that has seen a group-id: each consumer in turn
+        takes what is parked for it (its groups' entries, oldest first), else the next entry of
+        the ready stream it may have (`_pop_for_group`); one that finds none sits out."""
+        groups = self._groups
+        assert groups is not None
+        n = len(consumers)
+        credits = [c.credit() for c in consumers]
+        in_flight = self._in_flight
+        i = self._rr % n
+        idle = 0
+        sent = 0
+        while self.depth and idle < n:
+            if credits[i] <= 0:
+                idle += 1
+                i = (i + 1) % n
+                continue
+            consumer = consumers[i]
+            entry = groups.next_parked(consumer)
+            if entry is not None:
+                self.depth -= 1
+                if entry.expired(now_ms):
+                    self._remove(entry, EXPIRED)
+                    continue
+            else:
+                entry = self._pop_for_group(groups, consumer, now_ms)
+            if entry is None:
+                credits[i] = 0  # nothing for it now
+                idle += 1
+                i = (i + 1) % n
+                continue
+            idle = 0
+            credits[i] -= 1
+            entry.state = IN_FLIGHT
+            in_flight[consumer].add(entry)
+            consumer.deliver(entry)
+            sent += 1
+            i = (i + 1) % n
+        self._rr = i
+        return sent
+
+    def _pop_for_group(
+        self, groups: Groups[Consumer], consumer: Consumer, now_ms: int
+    ) -> Entry | None:
+        """The next ready entry `consumer` may have: ungrouped, of a group it owns, or of a free
+        group (it takes the group). An entry of another consumer's group met on the way is
+        parked with that owner, unless the owner's selector does not select it (then a group
+        cannot keep it, and it goes to whoever selects it)."""
+        selection = self._selections.get(consumer)
+        pop = self._pop_ready if self._levels is None else self._pop_prioritized
+        while True:
+            entry = pop(now_ms) if selection is None else self._pop_selected(selection, now_ms)
+            if entry is None:
+                return None
+            group = getattr(entry, "group", None)
+            if group is None:
+                return entry
+            owner = groups.owner_of(group)
+            if owner is None:
+                groups.assign(group, consumer)
+                return entry
+            if owner is consumer or not self._selects(owner, entry):
+                return entry
+            if self._returns_fresh:
+                entry = _fresh(entry)  # stale references elsewhere see the old one GONE
+            entry.state = READY
+            self.depth += 1
+            groups.park(owner, self._key(entry), entry)
+
+    def _parked_with_owner(self, key: int, entry: Entry) -> bool:
+        """A grouped entry coming back waits for its group's owner, in order (True), unless
+        its group has none now."""
+        group = getattr(entry, "group", None)
+        groups = self._groups
+        owner = groups.owner_of(group) if groups is not None and group is not None else None
+        if owner is None:
+            return False
+        assert groups is not None
+        groups.park(owner, key, entry)
+        return True
+
+    def _key(self, entry: Entry) -> int:
+        """An entry's place among ready ones: its id, shifted by its level when prioritized."""
+        return entry.id if self._levels is None else _return_key(entry)
 
     def _pop_selected(self, selection: Selection, now_ms: int) -> Entry | None:
         """The oldest ready entry the selection selects (redeliveries first), taken out of
@@ -541,7 +724,10 @@ class Queue:
 
     def snapshot(self) -> list[Entry]:
         """The ready entries in delivery order (redeliveries first, then FIFO)."""
-        returned = [e for _, e in sorted(self._returned, key=_by_key)]
+        returned_items = self._returned
+        if self._groups is not None:  # parked for their group's owner: ready all the same
+            returned_items = [*returned_items, *self._groups.parked()]
+        returned = [e for _, e in sorted(returned_items, key=_by_key)]
         held = [e for _, e in sorted(self._held_back, key=_by_key)]
         if self._levels is None:
             return [e for e in (*held, *returned, *self._ready) if e.state is READY]
@@ -614,7 +800,7 @@ class Queue:
         key = entry.id if self._levels is None else _return_key(entry)
         if getattr(entry, "refused_by", None):
             heapq.heappush(self._held_back, (key, entry))
-        else:
+        elif self._groups is None or not self._parked_with_owner(key, entry):
             heapq.heappush(self._returned, (key, entry))
         if entry.expires_at:
             # Its deadline may have been popped while it was out: the reaper must see it again.
@@ -645,6 +831,9 @@ class Queue:
                 self.depth -= 1
                 self._remove(entry, EXPIRED)
                 reaped += 1
+            elif entry.state is SCHEDULED:  # TTL applies while it waits for its time too
+                self._remove(entry, EXPIRED)
+                reaped += 1
         return reaped
 
     def take_ready(self, limit: int) -> list[Entry]:
@@ -654,6 +843,9 @@ class Queue:
         `undo_hand_off` puts them back if it refused.
         """
         taken: list[Entry] = []
+        if self._groups is not None:  # a drain takes what was parked for consumers too
+            for parked in self._groups.take_parked():
+                heapq.heappush(self._returned, (self._key(parked), parked))
         pop = self._pop_ready if self._levels is None else self._pop_prioritized
         while len(taken) < limit:
             entry = pop(0)
@@ -673,6 +865,14 @@ class Queue:
             entry = self._dead_held.pop(0)
             entry.state = IN_FLIGHT
             taken.append(entry)
+        if self._scheduled is not None and len(taken) < limit:
+            # They move with their due time in their bytes: scheduled again at the other end.
+            for entry in self._scheduled.take_all():
+                if len(taken) < limit:
+                    entry.state = IN_FLIGHT
+                    taken.append(entry)
+                else:
+                    self._scheduled.push(entry, entry.deliver_at)
         return taken
 
     def hold_dead(self, entry: Entry) -> None:
@@ -723,6 +923,11 @@ class Queue:
             self._count_out(entry)
             self.on_removed(self, entry, DELETED)
             gone += 1
+        for entry in self._scheduled.take_all() if self._scheduled is not None else ():
+            entry.state = GONE
+            self._count_out(entry)
+            self.on_removed(self, entry, DELETED)
+            gone += 1
         self._dead_held.clear()
         self._ready.clear()
         for level in self._levels or ():
@@ -749,6 +954,9 @@ def _fresh(entry: Entry) -> Entry:
     refused = getattr(entry, "refused_by", None)
     if refused is not None:
         fresh.refused_by = refused
+    group = getattr(entry, "group", None)
+    if group is not None:
+        fresh.group = group
     entry.state = GONE
     return fresh
 

@@ -18,6 +18,7 @@ a subscription without one costs the fan-out nothing more than a None check.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from enmasse.amqp.selector import Selector
@@ -102,8 +103,10 @@ class Topic:
         durable: bool,
         expires_at: int,
         priority: int = DEFAULT_PRIORITY,
+        admit: Callable[[Queue, Entry], None] | None = None,
     ) -> list[tuple[Queue, Entry]]:
-        """One entry per subscription (journaled only where the subscription is durable)."""
+        """One entry per subscription (journaled only where the subscription is durable).
+        `admit` enqueues instead, for a message that asked for a delivery time or a group."""
         self.published += 1
         entries: list[tuple[Queue, Entry]] = []
         persistent = durable and self.plan.persistent
@@ -117,7 +120,9 @@ class Topic:
                 journaled=persistent and sub.durable,
                 expires_at=expires_at,
             )
-            if priority == DEFAULT_PRIORITY:
+            if admit is not None:
+                admit(sub.queue, entry)
+            elif priority == DEFAULT_PRIORITY:
                 sub.queue.enqueue(entry)
             else:
                 sub.queue.enqueue_with_priority(entry, priority)

@@ -56,6 +56,7 @@ from enmasse.resources.contracts import (
     PENDING,
     STORED_TYPES,
     TERMINATING,
+    max_message_size,
 )
 from enmasse.resources.discovery import BrokerEndpoint, RouterEndpoint
 from enmasse.v1 import resources_pb2, router_pb2
@@ -229,13 +230,14 @@ def router_limits(quotas: resources_pb2.Quotas, *, routers: int) -> router_pb2.R
     A space-wide count (the space's connections, one user's connections) is split across the
     routers: each takes ceil(max / routers), so the space holds at most the plan's max plus
     routers - 1, and never 0 (which a router reads as "no limit") while the plan says a number.
+    The message size is the plan's, or 100 MiB when it names none (`max_message_size`).
     A router whose share is taken turns clients away even while another has room: clients
     spread over the routers (the space's endpoint balances them). Per-connection and
     per-message limits go to every router as they are."""
     return router_pb2.RouterLimits(
         max_connections=_share(quotas.max_connections, routers=routers),
         max_connections_per_user=_share(quotas.max_connections_per_user, routers=routers),
-        max_message_size=quotas.max_message_size,
+        max_message_size=max_message_size(quotas.max_message_size),
         max_links_per_connection=quotas.max_links_per_connection,
         max_sessions_per_connection=quotas.max_sessions_per_connection,
     )

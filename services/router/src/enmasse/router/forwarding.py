@@ -34,6 +34,10 @@ Producers get credit only while the address has somewhere to go (a reachable con
 an attached Active broker for waypoints); deliveries that find every target without credit wait in
 the address's pending queue, bounded by the credit the producers were given.
 
+A transaction coordinator attach is refused with amqp:not-implemented (`TRANSACTIONS_REFUSED`):
+transactions are a brokered space's broker's, and a coordinator has no address, so it would
+otherwise pass for an anonymous producer whose Declare is never answered.
+
 Who may attach where: each client connection's record carries what its user may do
 (`enmasse.resources.permissions.Permissions`, the decision a brokered space's broker makes too),
 checked once per link at attach (the answer stays with the link, so a named link's messages pay
@@ -107,6 +111,10 @@ log = structlog.get_logger("enmasse.router")
 
 UNAUTHORIZED = "amqp:unauthorized-access"
 LIMIT_EXCEEDED = "amqp:resource-limit-exceeded"
+TRANSACTIONS_REFUSED = (
+    "transactions are not served through a standard space's routers: a transaction coordinator "
+    "($coordinator) is served by a brokered space's broker"
+)
 # What a `copy` consumer browses (the broker hands it copies and keeps the messages).
 BROWSABLE = frozenset({Distribution.QUEUE.value, Distribution.SUBSCRIPTION.value})
 # An anonymous sender's decisions per `to` are kept up to this many; then they start afresh
@@ -317,12 +325,21 @@ class Router:
                 )
             )
             return
+        # A producer's link advertises the space's limit at attach, and the engine rejects a
+        # larger delivery for that producer alone, the link going on (`_from_producer` checks
+        # again for links that attached under a larger limit); a no-op on a consumer's link.
+        link.limit_message_size(self._max_message_size)
         if link.is_sender:
             self._attach_consumer(link)
         else:
             self._attach_producer(link)
 
     def _attach_producer(self, link: Link) -> None:
+        if link.target.coordinator:
+            # Without this, a coordinator (no address) would pass for an anonymous producer and
+            # its Declare go unanswered; a transaction lives on one broker, not on the mesh.
+            link.refuse(Condition("amqp:not-implemented", TRANSACTIONS_REFUSED))
+            return
         permissions: Permissions = link.connection.context.permissions
         if link.address is None:
             sends: dict[str, bool] | None = None if permissions.sends_everywhere else {}

@@ -235,6 +235,7 @@ def main(
             else None
         ),
         throttle=LoginThrottle(),  # one count of failures for the plain and the amqps port
+        offered_capabilities=("ANONYMOUS-RELAY",),  # a sender with no target: by each `to`
     )
     ports = {"amqp": listen_for_clients(port=port)}
     if tls is not None:

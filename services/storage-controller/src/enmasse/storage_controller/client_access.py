@@ -24,6 +24,7 @@ import hashlib
 from collections.abc import Iterable
 
 from enmasse.resources.client_access import endpoint_users
+from enmasse.resources.contracts import max_message_size
 from enmasse.v1 import broker_pb2, resources_pb2, router_pb2
 
 
@@ -44,7 +45,7 @@ def client_access(
         limits=router_pb2.RouterLimits(
             max_connections=quotas.max_connections,
             max_connections_per_user=quotas.max_connections_per_user,
-            max_message_size=quotas.max_message_size,
+            max_message_size=max_message_size(quotas.max_message_size),
             max_links_per_connection=quotas.max_links_per_connection,
         ),
     )

@@ -31,6 +31,8 @@ The parts, each importing only those above it in this list:
 - `events`: `Engine`, the loop's AMQP side: socket bytes in and out and the per-message dispatch
   of proton's events through amqp_hotpath (bound to proton-c at import); it holds a Switchboard
   and a Guard.
+- `large`: large incoming deliveries, read out of proton in chunks and joined once, and those over
+  a link's size limit thrown away as they come and rejected for their sender alone.
 
 Threading contract: everything here runs on the engine's thread. Build listeners and connections
 before `run()` or from engine callbacks/timers; from any other thread, use

@@ -17,6 +17,12 @@ proton's SASL and TLS, or our own through `security`), and dialling a peer. The 
 objects run on is `EngineSide` here: what they need of `events.Engine`, so that this module
 does not import the engine that builds on it.
 
+Transactions (AMQP 1.0 §4.5) are the handler's: a transfer's state is read only when asked
+(`Delivery.remote_state`), a received delivery can be settled with a state proton has no name
+for (`settle_with_state`: Declared, TransactionalState), and a sent one settled from our side
+(`settle_sent`: a transaction committed its outcome); a peer's transactional disposition comes
+to `on_transactional_outcome`, settled or not.
+
 Lifetimes: `on_connection_close` is called exactly once per connection, whoever closed it and
 however (clean close, peer's error, socket lost, garbage, idle timeout). `on_link_detach` is called
 exactly once per link that was opened (accepted by us, or opened by us), before the connection's
@@ -55,6 +61,7 @@ from enmasse.amqp.wire import (
     server_tls_domain,
     set_condition,
     symbols_of,
+    write_data,
     write_open_fields,
     write_terminus,
 )
@@ -77,6 +84,7 @@ log = structlog.get_logger("enmasse.amqp")
 
 _NULL = ffi.NULL
 _LINGER_SECONDS = 2.0
+NO_SIZE_LIMIT = 1 << 62  # a receiving link's size ceiling when no limit is set
 
 # Hot-path aliases: a module global is found faster than a module attribute.
 _send = amqp_hotpath.send
@@ -156,6 +164,17 @@ class ConnectionHandler:
         """The peer settled a delivery we sent (delivery.context is what send() was given).
         For REJECTED, delivery.error holds the condition; for MODIFIED, delivery.delivery_failed
         and delivery.undeliverable_here."""
+
+    def on_transactional_outcome(
+        self, link: Link, delivery: Delivery, *, txn_id: bytes | None, outcome: Outcome
+    ) -> None:
+        """The peer gave a delivery we sent a transactional state (AMQP 1.0 §4.5.5): `outcome`
+        under transaction `txn_id`, which counts only if that transaction commits.
+        delivery.settled says whether the peer also settled it (no other outcome will come).
+        Without transactions: a settled one ended without an outcome we take (NONE, as
+        released); an unsettled one waits for its real outcome."""
+        if delivery.settled:
+            self.on_outcome(link, delivery, Outcome.NONE)
 
 
 class Delivery:
@@ -255,6 +274,53 @@ class Delivery:
         _settle(ptr, outcome)
         link._dirty.add(link.connection)
 
+    # -- delivery states the engine has no name for (transactions): rare paths, through cffi --
+
+    def remote_state(self) -> tuple[int, Any]:
+        """The state the peer gave this unsettled delivery and its fields: a transactional
+        transfer reads (TRANSACTIONAL_STATE, [txn-id]); (0, None) for none, or once settled."""
+        ptr = self._ptr
+        if ptr is None or self.link._ptr is None:
+            return 0, None
+        dptr = ffi.cast("pn_delivery_t *", ptr)
+        state = int(lib.pn_delivery_remote_state(dptr))
+        if not state:
+            return 0, None
+        return state, read_data(lib.pn_disposition_data(lib.pn_delivery_remote(dptr)))
+
+    def settle_with_state(self, state: int, fields: list[Any]) -> None:
+        """Settles a received delivery with a state given by its code and fields: a
+        coordinator's DECLARED [txn-id], a TRANSACTIONAL_STATE [txn-id, outcome]."""
+        if self.settled:
+            return
+        self.settled = True
+        ptr = self._ptr
+        self._ptr = None
+        link = self.link
+        if link._ptr is None or ptr is None:
+            return
+        local = lib.pn_delivery_local(ffi.cast("pn_delivery_t *", ptr))
+        write_data(lib.pn_disposition_data(local), fields)
+        _settle(ptr, state)
+        link._dirty.add(link.connection)
+
+    def settle_sent(self, outcome: Outcome) -> None:
+        """Settles a delivery WE sent, from our side, with `outcome` (a transaction that
+        took it committed): the peer's own outcome, if one comes, is not waited for."""
+        ptr = self._ptr
+        if self.settled or ptr is None:
+            return
+        link = self.link
+        link._unsettled.pop(ptr, None)
+        link._sent.pop(ptr, None)
+        self.settled = True
+        self.outcome = outcome
+        self._ptr = None
+        if link._ptr is None:
+            return
+        _settle(ptr, outcome)
+        link._dirty.add(link.connection)
+
     def __repr__(self) -> str:
         return f"<Delivery {len(self.payload)} B on {self.link.name!r} settled={self.settled}>"
 
@@ -269,6 +335,7 @@ class Link:
 
     __slots__ = (
         "_address",
+        "_assembly",
         "_dirty",
         "_drain_asked",
         "_engine",
@@ -279,6 +346,7 @@ class Link:
         "_ptr",
         "_receiving",
         "_sent",
+        "_size_ceiling",
         "_unsettled",
         "address",
         "connection",
@@ -308,6 +376,10 @@ class Link:
         self._sent = connection.engine._sent
         self._handler = connection.handler
         self._max_message_size = connection._max_message_size if not self.is_sender else 0
+        # What the per-transfer check compares a transfer's size with: the limit (or none), -1
+        # while a large delivery is taken in chunks or thrown away (`large.py`).
+        self._size_ceiling = self._max_message_size or NO_SIZE_LIMIT
+        self._assembly: Any = None  # a `large.Assembly` while one is under way
         if peer_initiated:
             self.source = read_terminus(lib.pn_link_remote_source(ptr))
             self.target = read_terminus(lib.pn_link_remote_target(ptr))
@@ -374,12 +446,14 @@ class Link:
         self.address = address
 
     def limit_message_size(self, limit: int) -> None:
-        """Before accept(), on a link we receive on: messages over `limit` bytes detach it with
-        amqp:link:message-size-exceeded, when that is tighter than the listener's limit (0: no
-        change). The check is the one every receiving link already has: nothing per message."""
+        """Before accept(), on a link we receive on: `limit` is advertised as the link's
+        max-message-size, and a larger delivery is rejected with amqp:link:message-size-exceeded
+        (the link goes on), when that is tighter than the listener's limit (0: no change). The
+        check is the one every receiving link already has: nothing more per message."""
         if not self.is_sender and limit > 0:
             current = self._max_message_size
             self._max_message_size = min(current, limit) if current else limit
+            self._size_ceiling = self._max_message_size
 
     def accept(self) -> None:
         """Answers the peer's attach: mirrors its termini (with a dynamic address if set)."""
@@ -792,7 +866,8 @@ class Switchboard:
 
         idle_timeout (seconds): peers silent for that long are dropped (and a socket that never
         completes the AMQP open within twice that). max_message_size (bytes, 0 = unlimited): a
-        larger incoming message detaches its link with amqp:link:message-size-exceeded.
+        larger incoming message is rejected with amqp:link:message-size-exceeded (its link goes
+        on).
         sasl_mechanisms: space-separated, e.g. "PLAIN" with sasl_config_path/name pointing at a
         Cyrus SASL config (`<name>.conf` naming a sasldb) to check passwords. Cyrus reads the
         config path once per process, at the first incoming connection: every listener of a

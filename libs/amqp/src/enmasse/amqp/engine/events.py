@@ -15,7 +15,10 @@ event a handler wants; a complete transfer comes back received and advanced), wi
 frame between the loop and a handler that does not have to be there. What is not per message is
 composed around them: listen/connect and the accepted connections' set-up are a `Switchboard`
 (`endpoints`), our own SASL and TLS a `Guard` (`security`); the engine holds one of each, and a
-connection that does not use our SASL or TLS never reaches the guard.
+connection that does not use our SASL or TLS never reaches the guard. A large delivery is
+taken out of proton in chunks and joined once, and one over a receiving link's size limit is
+thrown away as it comes and rejected with amqp:link:message-size-exceeded for its sender alone
+(`large`): the one size comparison per transfer is all either costs the hot path.
 
 This module also binds amqp_hotpath to proton-c, once, at import: the C extension gets the
 addresses of proton's functions from the library python-qpid-proton's cffi binding loaded.
@@ -38,6 +41,7 @@ import cproton_ffi
 import enmasse.amqp_hotpath as amqp_hotpath
 import structlog
 from cproton_ffi import ffi, lib
+from enmasse.amqp.engine import large
 from enmasse.amqp.engine.endpoints import (
     Connection,
     Delivery,
@@ -51,12 +55,15 @@ from enmasse.amqp.engine.security import Guard
 from enmasse.amqp.wire import (
     OUTCOME_ACCEPTED,
     OUTCOMES,
+    TRANSACTIONAL_STATE,
     Condition,
     Outcome,
     get_condition,
+    read_data,
     read_terminus,
     set_condition,
     string_of,
+    transactional_fields,
 )
 
 __all__ = ["Engine"]
@@ -276,10 +283,11 @@ class Engine(Loop[Connection, Listener]):
                     if link is None or not link._receiving:
                         continue
                     dptr, payload = record[2], record[3]
-                    limit = link._max_message_size
-                    if limit and len(payload) > limit:
-                        self._refuse_size(link, len(payload))
-                        continue
+                    if len(payload) > link._size_ceiling:
+                        whole = large.completed(link, dptr, payload)
+                        if whole is None:
+                            continue  # refused: over the link's size limit
+                        payload = whole
                     link._handler.on_message(link, Delivery(link, dptr or None, payload, not dptr))
                     if link._drain_asked and link.credit == 0:
                         link._drain_answered()  # the peer used up the credit: no flow will say so
@@ -290,7 +298,7 @@ class Engine(Loop[Connection, Listener]):
                 elif kind == _PARTIAL:
                     link = links_get(record[1])
                     if link is not None and link._receiving:
-                        self._on_partial(link, record[2])
+                        large.on_partial(link, record[2])
                 else:
                     self._on_endpoint_event(kind, record[1], record[2])
             except Exception:
@@ -310,24 +318,11 @@ class Engine(Loop[Connection, Listener]):
         if conn is not None:
             conn.close(Condition("amqp:internal-error", "internal error"))
 
-    def _on_partial(self, link: Link, size: int) -> None:
-        """Part of a large delivery: proton keeps its bytes until the last frame (one copy out,
-        then); we only check the size so far, so an oversized message is refused early."""
-        limit = link._max_message_size
-        if limit and size > limit:
-            self._refuse_size(link, size)
-
-    def _refuse_size(self, link: Link, size: int) -> None:
-        limit = link._max_message_size
-        link.close(
-            Condition(
-                "amqp:link:message-size-exceeded",
-                f"message of {size} bytes or more exceeds the limit of {limit} bytes",
-            )
-        )
-
     def _on_update(self, delivery: Delivery, dptr: int, state: int) -> None:
         """The peer settled (or gave a terminal state to) a delivery we sent."""
+        if state == TRANSACTIONAL_STATE:
+            self._on_transactional_update(delivery, dptr)
+            return
         if state == _PN_ACCEPTED:
             outcome = OUTCOME_ACCEPTED
         else:
@@ -348,6 +343,22 @@ class Engine(Loop[Connection, Listener]):
         _settle(dptr, 0)
         link._dirty.add(link.connection)
         link._handler.on_outcome(link, delivery, outcome)
+
+    def _on_transactional_update(self, delivery: Delivery, dptr: int) -> None:
+        """A transactional state on a delivery we sent: its outcome waits for the transaction
+        (the handler holds it). If the peer settled it too, it is forgotten as any settled one."""
+        pointer = ffi.cast("pn_delivery_t *", dptr)
+        fields = read_data(lib.pn_disposition_data(lib.pn_delivery_remote(pointer)))
+        txn_id, outcome = transactional_fields(fields)
+        link = delivery.link
+        if lib.pn_delivery_settled(pointer):
+            del self._sent[dptr]
+            del link._unsettled[dptr]
+            delivery.settled = True
+            delivery._ptr = None
+            _settle(dptr, 0)
+            link._dirty.add(link.connection)
+        link._handler.on_transactional_outcome(link, delivery, txn_id=txn_id, outcome=outcome)
 
     def _on_endpoint_event(self, kind: int, conn_address: int, obj_address: int) -> None:
         """obj_address: the link (LINK_* events) or session (SESSION_*) the event is about."""
