@@ -242,19 +242,21 @@ def read_message_annotations(payload: bytes) -> dict[str, Any]:
     return _read_map_section(payload, MESSAGE_ANNOTATIONS, "message-annotations")
 
 
+def _map_header(payload: bytes, value_pos: int, what: str) -> tuple[int, int]:
+    """(count of keys and values, position of the first key) of the map encoded at value_pos."""
+    code = payload[value_pos]
+    if code == 0xC1:
+        return payload[value_pos + 2], value_pos + 3
+    if code == 0xD1:
+        return int.from_bytes(payload[value_pos + 5 : value_pos + 9], "big"), value_pos + 9
+    raise CodecError(f"{what} is not a map (format code 0x{code:02x})")
+
+
 def _read_map_section(payload: bytes, section: int, what: str) -> dict[str, Any]:
     found = _find(payload, section)
     if found is None:
         return {}
-    value_pos = found[1]
-    code = payload[value_pos]
-    if code == 0xC1:
-        count, pos = payload[value_pos + 2], value_pos + 3
-    elif code == 0xD1:
-        count = int.from_bytes(payload[value_pos + 5 : value_pos + 9], "big")
-        pos = value_pos + 9
-    else:
-        raise CodecError(f"{what} is not a map (format code 0x{code:02x})")
+    count, pos = _map_header(payload, found[1], what)
     result: dict[str, Any] = {}
     for _ in range(count // 2):
         key, pos = _read(payload, pos)
@@ -435,14 +437,7 @@ def with_message_annotations(payload: bytes, changes: Mapping[str, Any]) -> byte
     else:
         start, value_pos = found
         end = _skip(payload, value_pos)
-        code = payload[value_pos]
-        if code == 0xC1:
-            count, pos = payload[value_pos + 2], value_pos + 3
-        elif code == 0xD1:
-            count = int.from_bytes(payload[value_pos + 5 : value_pos + 9], "big")
-            pos = value_pos + 9
-        else:
-            raise CodecError(f"message-annotations is not a map (format code 0x{code:02x})")
+        count, pos = _map_header(payload, value_pos, "message-annotations")
         for _ in range(count // 2):
             key, key_end = _read(payload, pos)
             value_end = _skip(payload, key_end)

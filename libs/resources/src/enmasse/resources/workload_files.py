@@ -24,6 +24,8 @@ cert-manager Certificate of its own, rendered beside it (`endpoint_certificate`:
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -149,6 +151,9 @@ def amqps_container_arguments() -> list[str]:
     )
 
 
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 class WorkloadError(ValueError):
     """A file in the output that claims to be a writer's but does not say what its contract says."""
 
@@ -156,8 +161,17 @@ class WorkloadError(ValueError):
 def managed_statefulset(text: str, *, manager: str) -> dict[str, Any] | None:
     """The metadata of the StatefulSet a rendered file holds, when `manager` wrote it; None for
     a file that is somebody else's (another writer's, or people's)."""
+    metadata = _statefulset_metadata(text, manager)
+    return copy.deepcopy(metadata) if metadata is not None else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _statefulset_metadata(text: str, manager: str) -> dict[str, Any] | None:
+    # The router-agent and the storage-controller read every rendered file on every pass (a
+    # file is the truth, and people may edit it): parsing YAML was most of their idle CPU. A
+    # file's text decides its answer, so each distinct text is parsed once (with libyaml).
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d]
+        docs = [d for d in yaml.load_all(text, Loader=_SAFE_LOADER) if d]
     except yaml.YAMLError as error:
         raise WorkloadError(f"not YAML: {error}") from error
     for doc in docs:
