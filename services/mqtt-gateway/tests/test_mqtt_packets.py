@@ -1,6 +1,7 @@
 """The MQTT codec and the mapping, pure: CONNECT of both levels read back, MQTT 5 properties
-through PUBLISH and back, every way a packet is malformed named with its reason code, topic
-filters sorted into served, refused (wildcards) and invalid."""
+through PUBLISH and back, the QoS 2 acknowledgements both ways, topic aliases, every way a
+packet is malformed named with its reason code, topic filters sorted into served, refused
+(wildcards) and invalid."""
 
 from __future__ import annotations
 
@@ -9,17 +10,25 @@ import struct
 import pytest
 from enmasse.amqp import codec
 from enmasse.mqtt_gateway import mapping
+from enmasse.mqtt_gateway.flow import InboundAliases, OutboundAliases
 from enmasse.mqtt_gateway.packets import (
     MQTT_3_1_1,
     MQTT_5,
+    TOPIC_ALIAS,
     USER_PROPERTY,
     MalformedPacket,
+    PubComp,
     Publish,
+    PubRec,
+    PubRel,
     Subscribe,
     UnsupportedProtocol,
     decode,
     decode_connect,
+    encode_pubcomp,
     encode_publish,
+    encode_pubrec,
+    encode_pubrel,
 )
 
 
@@ -117,3 +126,38 @@ def test_a_311_subscribe_has_no_properties() -> None:
 )
 def test_topic_filters(topic_filter: str, problem: int | None) -> None:
     assert mapping.filter_problem(topic_filter) == problem
+
+
+@pytest.mark.parametrize("level", [MQTT_3_1_1, MQTT_5], ids=["3.1.1", "5"])
+def test_the_qos2_acknowledgements_go_round(level: int) -> None:
+    def back(packet: bytes) -> object:
+        return decode(packet[0], packet[2:], level=level)
+
+    assert back(encode_pubrec(7, level=level)) == PubRec(7)
+    assert encode_pubrel(7, level=level)[0] == 0x62  # PUBREL's flags are 0b0010
+    assert back(encode_pubrel(7, level=level)) == PubRel(7)
+    assert back(encode_pubcomp(7, level=level)) == PubComp(7)
+    refused = encode_pubrec(7, level=level, reason=0x87, text="no")
+    assert back(refused) == (PubRec(7, 0x87) if level == MQTT_5 else PubRec(7))
+    with pytest.raises(MalformedPacket):
+        decode(0x60, b"\x00\x07", level=level)  # a PUBREL without its flags
+
+
+def test_topic_aliases_both_ways() -> None:
+    inbound = InboundAliases(maximum=2)
+    aliased = Publish("a/b", b"", 0, properties={TOPIC_ALIAS: 2})
+    assert inbound.topic_of(aliased) == "a/b"
+    assert inbound.topic_of(Publish("", b"", 0, properties={TOPIC_ALIAS: 2})) == "a/b"
+    for alias, reason in ((0, 0x94), (3, 0x94)):
+        with pytest.raises(MalformedPacket) as error:
+            inbound.topic_of(Publish("a", b"", 0, properties={TOPIC_ALIAS: alias}))
+        assert error.value.reason == reason
+    with pytest.raises(MalformedPacket) as error:
+        inbound.topic_of(Publish("", b"", 0, properties={TOPIC_ALIAS: 1}))
+    assert error.value.reason == 0x82  # never set
+    outbound = OutboundAliases(maximum=1)
+    assert outbound.choose("x") == ("x", 1)
+    assert outbound.choose("x") == ("x", 1)  # not remembered until the PUBLISH was written
+    outbound.remember("x", 1)
+    assert outbound.choose("x") == ("", 1)
+    assert outbound.choose("y") == ("y", None)  # the client allows one

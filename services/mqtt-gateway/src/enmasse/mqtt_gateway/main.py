@@ -39,6 +39,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--gateway-id", default=os.environ.get("ENMASSE_GATEWAY_ID", "mqtt-gateway")
     )
     parser.add_argument("--max-packet-size", type=int, default=1024 * 1024)
+    parser.add_argument(
+        "--max-keep-alive",
+        type=int,
+        default=0,
+        help="seconds; an MQTT 5 client asking for longer (or none) is told this in the CONNACK",
+    )
     parser.add_argument("--ports-file", default=None, help="write {'mqtt': port} to this file")
     return parser.parse_args(argv)
 
@@ -53,6 +59,7 @@ async def serve(args: argparse.Namespace) -> None:
             host=router_host or "127.0.0.1",
             port=int(router_port),
             max_packet_size=args.max_packet_size,
+            max_keep_alive=args.max_keep_alive,
         ),
     )
     host, _, port = args.listen.rpartition(":")

@@ -7,11 +7,13 @@ payload of a PUBLISH, the reason code (MQTT 5) or return code (3.1.1) the client
 
 Why so: a topic is an address of the space, verbatim (`sensors/kitchen` is the address
 `sensors/kitchen`, of whatever type the space gives it), so MQTT and AMQP clients meet at the same
-names. QoS 0 becomes a pre-settled transfer, QoS 1 an unsettled, durable one; a subscriber gets a
-delivery at its granted QoS when the router wants an outcome for it or the message is durable,
-else (pre-settled and not durable: sent at most once) at QoS 0. The router matches no address
-patterns for receivers yet, so a topic filter with `+` or `#` is refused (MQTT 5 0xA2,
-"wildcard subscriptions not supported"; 3.1.1 0x80) rather than matching one literal address.
+names. QoS 0 becomes a pre-settled transfer, QoS 1 and 2 an unsettled, durable one (QoS 2's
+exactly-once is kept by the gateway's packet-id state, `flow.py`: AMQP has no QoS to carry); a
+subscriber gets a delivery at its granted QoS when the router wants an outcome for it or the
+message is durable, else (pre-settled and not durable: sent at most once) at QoS 0. The router
+matches no address patterns for receivers yet, so a topic filter with `+` or `#` is refused
+(MQTT 5 0xA2, "wildcard subscriptions not supported"; 3.1.1 0x80) rather than matching one
+literal address.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ UNSUPPORTED_VERSION = 0x84
 WILDCARDS_NOT_SUPPORTED = 0xA2
 NO_SUBSCRIPTION_EXISTED = 0x11
 CLIENT_ID_NOT_VALID = 0x85
-QOS_NOT_SUPPORTED = 0x9B
+KEEP_ALIVE_TIMEOUT = 0x8D
 
 # CONNACK return codes of MQTT 3.1.1 for the MQTT 5 reasons a login can fail with (3.2.2.3).
 _CONNACK_3_1_1 = {

@@ -3,8 +3,8 @@
 What flows in: one packet's type-and-flags byte and its body (the bytes after the remaining length,
 which `read_packet` takes off an asyncio stream). What flows out: a `Connect`, `Publish`,
 `Subscribe`, ... dataclass, or `MalformedPacket` carrying the MQTT 5 reason code the client is told
-before it is dropped; and for the gateway's answers (CONNACK, PUBLISH, PUBACK, SUBACK, UNSUBACK,
-PINGRESP, DISCONNECT) the bytes to write.
+before it is dropped; and for the gateway's answers (CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL,
+PUBCOMP, SUBACK, UNSUBACK, PINGRESP, DISCONNECT) the bytes to write.
 
 Why hand-written: no packet codec on the package index serves both versions. `mqtt5` (Rust,
 sans-io) and `moat-lib-mqtt` (a sans-io fork of mqttproto) read MQTT 5 only and refuse level 4;
@@ -13,8 +13,9 @@ sans-io) and `moat-lib-mqtt` (a sans-io fork of mqttproto) read MQTT 5 only and 
 installs from. The two versions differ only by MQTT 5's properties and reason codes, so one
 codec with the protocol level as a parameter is shorter than two libraries glued together.
 
-Only what a server reads is decoded (CONNECT, PUBLISH, PUBACK, SUBSCRIBE, UNSUBSCRIBE, PINGREQ,
-DISCONNECT); only what it writes is encoded. Every string is strict UTF-8 without U+0000
+Only what a server reads is decoded (CONNECT, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP,
+SUBSCRIBE, UNSUBSCRIBE, PINGREQ, DISCONNECT); only what it writes is encoded (and PUBLISH, which
+both sides send, both ways). Every string is strict UTF-8 without U+0000
 (MQTT 1.5.4): anything else is a malformed packet.
 """
 
@@ -52,6 +53,9 @@ RESPONSE_TOPIC = 0x08
 CORRELATION_DATA = 0x09
 PAYLOAD_FORMAT = 0x01
 RECEIVE_MAXIMUM = 0x21
+TOPIC_ALIAS_MAXIMUM = 0x22
+TOPIC_ALIAS = 0x23
+SERVER_KEEP_ALIVE = 0x13
 MAXIMUM_PACKET_SIZE = 0x27
 WILDCARD_AVAILABLE = 0x28
 SHARED_AVAILABLE = 0x2A
@@ -108,6 +112,30 @@ class PubAck:
 
 
 @dataclass(frozen=True)
+class PubRec:
+    """QoS 2, step 1: the receiver has the message (a reason of 0x80 or more: it refused it)."""
+
+    packet_id: int
+    reason: int = 0
+
+
+@dataclass(frozen=True)
+class PubRel:
+    """QoS 2, step 2: the sender lets go of the message; the receiver may forget the id."""
+
+    packet_id: int
+    reason: int = 0
+
+
+@dataclass(frozen=True)
+class PubComp:
+    """QoS 2, step 3: the receiver forgot the id; the exchange is complete."""
+
+    packet_id: int
+    reason: int = 0
+
+
+@dataclass(frozen=True)
 class Subscribe:
     packet_id: int
     filters: list[tuple[str, int]]  # (topic filter, options byte: QoS in the low two bits)
@@ -130,7 +158,26 @@ class Disconnect:
     reason: int = 0
 
 
-Packet = Connect | Publish | PubAck | Subscribe | Unsubscribe | PingReq | Disconnect
+Packet = (
+    Connect
+    | Publish
+    | PubAck
+    | PubRec
+    | PubRel
+    | PubComp
+    | Subscribe
+    | Unsubscribe
+    | PingReq
+    | Disconnect
+)
+
+# The acknowledgements: packet type -> (the flags it must carry, its dataclass).
+_ACKS: dict[int, tuple[int, type[PubAck | PubRec | PubRel | PubComp]]] = {
+    PUBACK: (0, PubAck),
+    PUBREC: (0, PubRec),
+    PUBREL: (0x02, PubRel),
+    PUBCOMP: (0, PubComp),
+}
 
 
 # -- reading ---------------------------------------------------------------------------------
@@ -308,10 +355,12 @@ def decode(first: int, body: bytes, *, level: int) -> Packet:
     r = _Reader(body)
     if kind == PUBLISH:
         return _publish(flags, r, level)
-    if kind == PUBACK and flags == 0:
+    if kind in _ACKS and flags == _ACKS[kind][0]:
         packet_id = r.u16()
         reason = r.byte() if level >= MQTT_5 and r.remaining() else 0
-        return PubAck(packet_id, reason)
+        if r.remaining():
+            r.properties(level)
+        return _ACKS[kind][1](packet_id, reason)
     if kind == SUBSCRIBE and flags == 0x02:
         return _subscribe(r, level)
     if kind == UNSUBSCRIBE and flags == 0x02:
@@ -437,10 +486,27 @@ def encode_publish(packet: Publish, *, level: int) -> bytes:
 
 
 def encode_puback(packet_id: int, *, level: int, reason: int = 0, text: str = "") -> bytes:
+    return _ack(PUBACK << 4, packet_id, level=level, reason=reason, text=text)
+
+
+def encode_pubrec(packet_id: int, *, level: int, reason: int = 0, text: str = "") -> bytes:
+    return _ack(PUBREC << 4, packet_id, level=level, reason=reason, text=text)
+
+
+def encode_pubrel(packet_id: int, *, level: int, reason: int = 0) -> bytes:
+    return _ack((PUBREL << 4) | 0x02, packet_id, level=level, reason=reason)
+
+
+def encode_pubcomp(packet_id: int, *, level: int, reason: int = 0) -> bytes:
+    return _ack(PUBCOMP << 4, packet_id, level=level, reason=reason)
+
+
+def _ack(first: int, packet_id: int, *, level: int, reason: int = 0, text: str = "") -> bytes:
+    """PUBACK, PUBREC, PUBREL or PUBCOMP: the id, and in MQTT 5 a reason unless it is success."""
     body = struct.pack("!H", packet_id)
     if level >= MQTT_5 and (reason or text):
         body += bytes([reason]) + _properties({REASON_STRING: text} if text else {})
-    return _packet(PUBACK << 4, body)
+    return _packet(first, body)
 
 
 def encode_suback(packet_id: int, codes: list[int], *, level: int, text: str = "") -> bytes:

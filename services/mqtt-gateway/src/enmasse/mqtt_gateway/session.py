@@ -1,14 +1,19 @@
 """One MQTT client's connection through the gateway: CONNECT to DISCONNECT, on asyncio.
 
 What flows in: the client's packets off its stream, and from its `Uplink` the router's answers
-and the messages its subscriptions receive. What flows out: CONNACK, PUBACK, SUBACK, UNSUBACK,
-PINGRESP and PUBLISH packets to the client, and AMQP sends, attaches and settlements to the
-router.
+and the messages its subscriptions receive. What flows out: CONNACK, PUBACK, PUBREC, PUBREL,
+PUBCOMP, SUBACK, UNSUBACK, PINGRESP and PUBLISH packets to the client, and AMQP sends, attaches
+and settlements to the router.
 
 Why so: the session holds no message of its own. A QoS 1 PUBLISH is acknowledged only once the
 router accepted the AMQP transfer (so a PUBACK means the router network has it); a QoS 1
 delivery to a subscriber is settled at the router only when the client's PUBACK comes back (so a
-client that dies leaves it to the router, released, not lost). Bad input ends this client only:
+client that dies leaves it to the router, released, not lost). QoS 2 is the same with one more
+step each way (`flow.py`: the packet ids held until PUBREL, so a resent PUBLISH is not forwarded
+twice; an outbound delivery settled only on PUBCOMP). MQTT 5's limits are kept both ways: the
+client's receive maximum bounds the QoS 1 and 2 PUBLISHes it has unacknowledged (and the credit
+each subscription gives the router), the gateway's bounds the client's; a message over the
+client's maximum packet size is not sent to it. Bad input ends this client only:
 a malformed packet closes it (MQTT 5: DISCONNECT 0x81 first), nothing else in the process sees
 it. Order: packets are read and acted on one at a time, so sends to one address keep the order
 they were published in; waiting for an outcome never holds up reading.
@@ -18,22 +23,42 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from enmasse.amqp.engine import Condition, Delivery, Engine, Link, Outcome
 from enmasse.mqtt_gateway import mapping
+from enmasse.mqtt_gateway.flow import (
+    PACKET_ID_NOT_FOUND,
+    Flight,
+    InboundAliases,
+    Incoming,
+    OutboundAliases,
+    Outbox,
+    Stage,
+)
 from enmasse.mqtt_gateway.packets import (
+    MAXIMUM_PACKET_SIZE,
     MQTT_5,
     PROTOCOL_ERROR,
     RECEIVE_MAXIMUM,
+    RETAIN_AVAILABLE,
+    SERVER_KEEP_ALIVE,
+    SHARED_AVAILABLE,
+    TOPIC_ALIAS,
+    TOPIC_ALIAS_MAXIMUM,
+    WILDCARD_AVAILABLE,
     Connect,
     Disconnect,
     MalformedPacket,
     PingReq,
     PubAck,
+    PubComp,
     Publish,
+    PubRec,
+    PubRel,
     Subscribe,
     Unsubscribe,
     UnsupportedProtocol,
@@ -43,7 +68,10 @@ from enmasse.mqtt_gateway.packets import (
     encode_disconnect,
     encode_pingresp,
     encode_puback,
+    encode_pubcomp,
     encode_publish,
+    encode_pubrec,
+    encode_pubrel,
     encode_suback,
     encode_unsuback,
     read_packet,
@@ -59,6 +87,13 @@ DELIVERY_WINDOW = 100
 """Messages a subscription may have on their way to the client (AMQP credit); MQTT 5's receive
 maximum lowers it."""
 
+INBOUND_WINDOW = 100
+"""The gateway's receive maximum (MQTT 5 CONNACK): QoS 1 and 2 PUBLISHes a client may have
+waiting for the router's outcome; one more is a protocol violation (DISCONNECT 0x93)."""
+
+TOPIC_ALIASES = 16
+"""The gateway's topic alias maximum (MQTT 5 CONNACK): aliases a client may set."""
+
 HIGH_WATER = 256 * 1024
 """Bytes waiting in the socket's buffer above which the session stops giving its subscriptions
 credit back until the client has read them: a slow reader holds back the router, not memory."""
@@ -71,6 +106,7 @@ class RouterAddress:
     host: str
     port: int
     max_packet_size: int = 1024 * 1024
+    max_keep_alive: int = 0  # seconds; 0: the client's keep-alive stands, whatever it is
 
 
 @dataclass
@@ -80,21 +116,6 @@ class Subscription:
     topic: str
     qos: int
     link: Link | None = None
-
-
-@dataclass
-class _Outbox:
-    """QoS 1 PUBLISHes sent to the client and not yet acknowledged, by packet id."""
-
-    unacked: dict[int, Delivery] = field(default_factory=dict)
-    last_id: int = 0
-
-    def next_id(self) -> int:
-        for _ in range(65535):
-            self.last_id = self.last_id % 65535 + 1
-            if self.last_id not in self.unacked:
-                return self.last_id
-        raise RuntimeError("no free packet identifier")
 
 
 class Session:
@@ -117,9 +138,14 @@ class Session:
         self.uplink: Uplink | None = None
         self.senders: dict[str, Link] = {}
         self.subscriptions: dict[str, Subscription] = {}
-        self.outbox = _Outbox()
+        self.outbox = Outbox(limit=65535)
+        self.incoming = Incoming(limit=65535)  # MQTT 5: INBOUND_WINDOW
+        self.aliases_in = InboundAliases(maximum=0)
+        self.aliases_out = OutboundAliases(maximum=0)
         self.window = DELIVERY_WINDOW
+        self.max_outbound_packet: int | None = None  # the client's maximum packet size
         self.keep_alive = 0.0
+        self._held: deque[tuple[Subscription, Delivery]] = deque()  # the client's outbox full
         self._pending: set[asyncio.Task[None]] = set()
         self._lost: asyncio.Event = asyncio.Event()
         self._owed: list[Delivery] = []  # settled, credit not yet given back (HIGH_WATER)
@@ -133,7 +159,12 @@ class Session:
             log.info("mqtt client dropped", client=self.client_id, peer=peer, reason=str(error))
             if self.level >= MQTT_5:
                 self.writer.write(encode_disconnect(error.reason, text=str(error)))
-        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
+        except TimeoutError:  # silent past its keep-alive (or, before CONNECT, its first packet)
+            if self.level >= MQTT_5:
+                self.writer.write(
+                    encode_disconnect(mapping.KEEP_ALIVE_TIMEOUT, text="keep alive timeout")
+                )
+        except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             await self._end()
@@ -151,10 +182,9 @@ class Session:
             return False
         self.level = connect.level
         self.client_id = connect.client_id
-        self.keep_alive = connect.keep_alive * 1.5
-        self.window = min(DELIVERY_WINDOW, connect.properties.get(RECEIVE_MAXIMUM, 65535))
-        if not self.window:
-            raise MalformedPacket("receive maximum 0", reason=PROTOCOL_ERROR)
+        granted = self._keep_alive(connect)
+        self.keep_alive = granted * 1.5
+        self._limits_of(connect)
         if connect.password is not None and connect.username is None:
             raise MalformedPacket("password without a user name")
         if not connect.client_id and not connect.clean_start:
@@ -180,18 +210,45 @@ class Session:
             log.warning("router did not answer the login", router=self.router.port)
             self._refuse_connect(mapping.SERVER_UNAVAILABLE)
             return False
-        self.writer.write(encode_connack(level=self.level, code=0, properties=self._limits()))
+        limits = self._limits()
+        if granted != connect.keep_alive:
+            limits[SERVER_KEEP_ALIVE] = granted
+        self.writer.write(encode_connack(level=self.level, code=0, properties=limits))
         log.info("mqtt client connected", client=self.client_id, user=connect.username)
         return True
 
+    def _keep_alive(self, connect: Connect) -> int:
+        """The keep-alive the client is held to: its own, or (MQTT 5, which can tell the client
+        in the CONNACK's server keep alive) --max-keep-alive when it asked for longer or none."""
+        most = self.router.max_keep_alive
+        if connect.level >= MQTT_5 and most and not 0 < connect.keep_alive <= most:
+            return most
+        return connect.keep_alive
+
+    def _limits_of(self, connect: Connect) -> None:
+        """The MQTT 5 limits of the CONNECT both ways (3.1.1 has none: the defaults stand)."""
+        properties = connect.properties
+        receive_maximum = properties.get(RECEIVE_MAXIMUM, 65535)
+        if not receive_maximum or properties.get(MAXIMUM_PACKET_SIZE) == 0:
+            raise MalformedPacket("receive maximum or maximum packet size 0", reason=PROTOCOL_ERROR)
+        self.window = min(DELIVERY_WINDOW, receive_maximum)
+        self.outbox.limit = receive_maximum
+        self.max_outbound_packet = properties.get(MAXIMUM_PACKET_SIZE)
+        self.aliases_out.maximum = properties.get(TOPIC_ALIAS_MAXIMUM, 0)
+        if connect.level >= MQTT_5:
+            self.incoming.limit = INBOUND_WINDOW
+            self.aliases_in.maximum = TOPIC_ALIASES
+
     def _limits(self) -> dict[int, Any]:
-        """What an MQTT 5 client is told this gateway does not do (yet)."""
+        """What an MQTT 5 client is told of the gateway's limits. No maximum QoS: its absence
+        means QoS 2 (the property may only say 0 or 1)."""
         return {
-            0x24: 1,  # maximum QoS: 1
-            0x25: 0,  # retain not available
-            0x28: 0,  # wildcard subscriptions not available
-            0x2A: 0,  # shared subscriptions not available
-            0x27: self.router.max_packet_size,
+            RECEIVE_MAXIMUM: INBOUND_WINDOW,
+            TOPIC_ALIAS_MAXIMUM: TOPIC_ALIASES,
+            RETAIN_AVAILABLE: 0,
+            WILDCARD_AVAILABLE: 0,
+            SHARED_AVAILABLE: 0,
+            MAXIMUM_PACKET_SIZE: self.router.max_packet_size,
         }
 
     def _refuse_connect(self, reason: int) -> None:
@@ -214,8 +271,12 @@ class Session:
     async def _handle(self, packet: Any) -> None:
         if isinstance(packet, Publish):
             await self._publish(packet)
-        elif isinstance(packet, PubAck):
+        elif isinstance(packet, PubAck | PubComp):
             self._acknowledged(packet)
+        elif isinstance(packet, PubRec):
+            self._received(packet)
+        elif isinstance(packet, PubRel):
+            self._released(packet)
         elif isinstance(packet, Subscribe):
             await self._subscribe(packet)
         elif isinstance(packet, Unsubscribe):
@@ -224,10 +285,16 @@ class Session:
             self.writer.write(encode_pingresp())
 
     async def _publish(self, publish: Publish) -> None:
-        address = mapping.address_of_topic(publish.topic)
-        if publish.qos == 2:  # not served yet: an MQTT 5 CONNACK said maximum QoS 1
-            raise MalformedPacket("QoS 2 is not supported", reason=mapping.QOS_NOT_SUPPORTED)
+        address = mapping.address_of_topic(self.aliases_in.topic_of(publish))
+        stage = self.incoming.duplicate(publish)
+        if stage is not None:  # a QoS 2 resend before PUBREL: answered, never forwarded twice
+            if stage is Stage.RECEIVED:
+                assert publish.packet_id is not None
+                self.writer.write(encode_pubrec(publish.packet_id, level=self.level))
+            return
         qos = publish.qos
+        if publish.packet_id is not None:
+            self.incoming.admit(publish.packet_id)
         try:
             link = await self._sender(address)
         except Refused as refused:
@@ -253,26 +320,43 @@ class Session:
             self._publish_failed(publish, refused.condition)
             return
         reason = mapping.outcome_reason(result.outcome, result.error)
-        if reason == 0:
-            assert publish.packet_id is not None
-            self.writer.write(encode_puback(publish.packet_id, level=self.level))
-        else:
+        packet_id = publish.packet_id
+        assert packet_id is not None
+        if reason:
             self._publish_failed(publish, result.error, reason=reason)
+        elif publish.qos == 2:  # the id stays held until PUBREL: a resend is not forwarded
+            self.incoming.stages[packet_id] = Stage.RECEIVED
+            self.writer.write(encode_pubrec(packet_id, level=self.level))
+        else:
+            self.incoming.stages.pop(packet_id, None)
+            self.writer.write(encode_puback(packet_id, level=self.level))
+
+    def _released(self, pubrel: PubRel) -> None:
+        """QoS 2 inbound, the end: the client let go of the message, the id is free again."""
+        stage = self.incoming.stages.get(pubrel.packet_id)
+        if stage is Stage.FORWARDING:
+            raise MalformedPacket("PUBREL before PUBREC", reason=PROTOCOL_ERROR)
+        self.incoming.stages.pop(pubrel.packet_id, None)
+        reason = 0 if stage is not None else PACKET_ID_NOT_FOUND
+        self.writer.write(encode_pubcomp(pubrel.packet_id, level=self.level, reason=reason))
 
     def _publish_failed(
         self, publish: Publish, condition: Condition | None, *, reason: int | None = None
     ) -> None:
         """A PUBLISH the router did not take. QoS 0: dropped (the client asked for no answer).
-        QoS 1: MQTT 5 says why in the PUBACK; 3.1.1 has no negative PUBACK, so the client is
-        closed (it will publish again on its next connection)."""
+        QoS 1 and 2: MQTT 5 says why in the PUBACK or PUBREC (which ends a QoS 2 exchange: no
+        PUBREL follows); 3.1.1 has neither negative, so the client is closed (it will publish
+        again on its next connection)."""
         reason = reason if reason is not None else mapping.refusal_reason(condition)
         text = condition.description if condition is not None else "not delivered"
         log.info("mqtt publish refused", client=self.client_id, topic=publish.topic, why=text)
         if publish.packet_id is None:
             return
+        self.incoming.stages.pop(publish.packet_id, None)
         if self.level >= MQTT_5:
+            answer = encode_pubrec if publish.qos == 2 else encode_puback
             self.writer.write(
-                encode_puback(publish.packet_id, level=self.level, reason=reason, text=text or "")
+                answer(publish.packet_id, level=self.level, reason=reason, text=text or "")
             )
         else:
             self._lost.set()
@@ -286,7 +370,7 @@ class Session:
             if problem is not None:
                 codes.append(mapping.suback_code(problem, level=self.level))
                 continue
-            granted = min(options & 0x03, 1)
+            granted = options & 0x03
             try:
                 await self._receive(topic_filter, granted)
             except Refused as refused:
@@ -325,7 +409,7 @@ class Session:
 
     def _deliver(self, subscription: Subscription, delivery: Delivery) -> None:
         """A message for one of the client's subscriptions: PUBLISH it at the granted QoS if the
-        router wants an outcome for it or the message is durable (what a QoS 1 PUBLISH becomes),
+        router wants an outcome for it or the message is durable (what QoS 1 and 2 become),
         else at QoS 0: a pre-settled, non-durable message was sent at most once."""
         if self._lost.is_set() or self.uplink is None:
             return
@@ -333,32 +417,98 @@ class Session:
             self.uplink.settle(delivery, Outcome.RELEASED, credit=0)
             return
         qos = subscription.qos if not delivery.pre_settled or delivery.durable else 0
+        if qos and (self.outbox.full() or self._held):
+            # The client's receive maximum: it waits here, unsettled at the router, which the
+            # subscription's credit (at most that maximum) keeps from sending more.
+            self._held.append((subscription, delivery))
+            return
+        self._publish_to_client(subscription, delivery, qos=qos)
+
+    def _publish_to_client(
+        self, subscription: Subscription, delivery: Delivery, *, qos: int
+    ) -> None:
         packet_id = self.outbox.next_id() if qos else None
+        topic, alias = self.aliases_out.choose(subscription.topic)
         publish = Publish(
-            topic=subscription.topic,
+            topic=topic,
             payload=mapping.payload_of(delivery.payload),
             qos=qos,
             packet_id=packet_id,
+            properties={TOPIC_ALIAS: alias} if alias is not None else {},
         )
-        self.writer.write(encode_publish(publish, level=self.level))
+        packet = encode_publish(publish, level=self.level)
+        if self.max_outbound_packet is not None and len(packet) > self.max_outbound_packet:
+            self._too_large(subscription, delivery, size=len(packet))
+            return
+        self.writer.write(packet)
+        self.aliases_out.remember(subscription.topic, alias)
         if packet_id is None:
             self._settle(delivery, Outcome.ACCEPTED)
         else:
-            self.outbox.unacked[packet_id] = delivery
+            self.outbox.unacked[packet_id] = Flight(delivery, qos)
 
-    def _acknowledged(self, puback: PubAck) -> None:
-        delivery = self.outbox.unacked.pop(puback.packet_id, None)
-        if delivery is not None:
-            self._settle(delivery, Outcome.ACCEPTED if puback.reason < 0x80 else Outcome.REJECTED)
+    def _too_large(self, subscription: Subscription, delivery: Delivery, *, size: int) -> None:
+        """A message over the client's maximum packet size is not sent to it (MQTT 5 3.1.2.11.4:
+        discarded). Settled MODIFIED with undeliverable-here: the message is not at fault, this
+        client is, so a queue keeps it for another consumer (REJECTED would dead-letter it for
+        everyone) and does not offer it to this link again."""
+        log.info(
+            "message over the client's maximum packet size not sent",
+            client=self.client_id,
+            topic=subscription.topic,
+            size=size,
+            maximum=self.max_outbound_packet,
+        )
+        self._settle(delivery, Outcome.MODIFIED, undeliverable_here=True)
 
-    def _settle(self, delivery: Delivery, outcome: Outcome) -> None:
+    def _acknowledged(self, ack: PubAck | PubComp) -> None:
+        """QoS 1's PUBACK or QoS 2's PUBCOMP: the client has the message; settled at the
+        router (REJECTED for an MQTT 5 PUBACK with a failure reason)."""
+        flight = self.outbox.unacked.get(ack.packet_id)
+        if flight is None:
+            return
+        if not isinstance(ack, PubComp if flight.qos == 2 and flight.released else PubAck):
+            return  # out of order (a PUBACK for QoS 2, a PUBCOMP before PUBREC): not the end
+        del self.outbox.unacked[ack.packet_id]
+        self._settle(flight.delivery, Outcome.ACCEPTED if ack.reason < 0x80 else Outcome.REJECTED)
+        self._release_held()
+
+    def _received(self, pubrec: PubRec) -> None:
+        """QoS 2 outbound, step 2: the client has the message; PUBREL lets it forget the id. A
+        PUBREC with a failure reason ends the exchange: the delivery is settled REJECTED."""
+        flight = self.outbox.unacked.get(pubrec.packet_id)
+        if flight is None or flight.qos != 2:
+            self.writer.write(
+                encode_pubrel(pubrec.packet_id, level=self.level, reason=PACKET_ID_NOT_FOUND)
+            )
+            return
+        if pubrec.reason >= 0x80:
+            del self.outbox.unacked[pubrec.packet_id]
+            self._settle(flight.delivery, Outcome.REJECTED)
+            self._release_held()
+            return
+        flight.released = True
+        self.writer.write(encode_pubrel(pubrec.packet_id, level=self.level))
+
+    def _release_held(self) -> None:
+        """Room in the client's receive maximum again: the oldest held deliveries go out."""
+        while self._held and not self.outbox.full() and self.uplink is not None:
+            subscription, delivery = self._held.popleft()
+            if self.subscriptions.get(subscription.topic) is not subscription:
+                self.uplink.settle(delivery, Outcome.RELEASED, credit=0)
+                continue
+            self._publish_to_client(subscription, delivery, qos=subscription.qos)
+
+    def _settle(
+        self, delivery: Delivery, outcome: Outcome, *, undeliverable_here: bool = False
+    ) -> None:
         """Settles at the router and gives the link its credit back, unless the client is
         behind in reading: then the credit waits until its socket has drained."""
         assert self.uplink is not None
         if self.writer.transport.get_write_buffer_size() <= HIGH_WATER:
-            self.uplink.settle(delivery, outcome)
+            self.uplink.settle(delivery, outcome, undeliverable_here=undeliverable_here)
             return
-        self.uplink.settle(delivery, outcome, credit=0)
+        self.uplink.settle(delivery, outcome, credit=0, undeliverable_here=undeliverable_here)
         if not self._owed:
             self._spawn(self._credit_after_drain())
         self._owed.append(delivery)

@@ -125,11 +125,21 @@ class Uplink(ConnectionHandler):
         self.engine.call_soon_threadsafe(lambda: self._send(link, message, sent))
         return sent
 
-    def settle(self, delivery: Delivery, outcome: Outcome, *, credit: int = 1) -> None:
-        """Settles a received delivery and gives its link `credit` more."""
+    def settle(
+        self,
+        delivery: Delivery,
+        outcome: Outcome,
+        *,
+        credit: int = 1,
+        undeliverable_here: bool = False,
+    ) -> None:
+        """Settles a received delivery and gives its link `credit` more (MODIFIED with
+        `undeliverable_here`: not to be offered to this link again)."""
 
         def settle() -> None:
-            delivery.settle(outcome)
+            delivery.settle(
+                outcome, delivery_failed=undeliverable_here, undeliverable_here=undeliverable_here
+            )
             if credit:
                 delivery.link.flow(credit)
 
