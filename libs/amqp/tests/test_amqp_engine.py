@@ -1,7 +1,7 @@
 """The engine's basic path, over real loopback sockets: a tiny queue peer built on the engine
 (attach / refuse, credit, transfer, every outcome, pre-settled, detach, dynamic nodes, timers,
-cross-thread calls, a session the handler ends at its begin), driven by the engine's blocking
-client and by proton's own BlockingConnection.
+cross-thread calls, a session the handler ends at its begin, sessions the peer ends freed),
+driven by the engine's blocking client and by proton's own BlockingConnection.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 from collections import deque
 
 import pytest
-from cproton_ffi import lib
+from cproton_ffi import ffi, lib
 from enmasse.amqp import codec
 from enmasse.amqp.client import AmqpError, Client
 from enmasse.amqp.engine import (
@@ -287,6 +287,64 @@ def test_a_session_begun_by_the_peer_is_the_handlers_to_take_or_end(amqp_listene
     assert begins == ["begin held=0", "begin held=1", "begin held=2", "begin held=1"]
     assert "detach q closed=False" in queues.events, "the first session's end ended its link"
     assert list(map(codec.read_body, queues.messages["q"])) == ["first", "second", "after"]
+
+
+class Remembers(QueuePeer):
+    """Keeps each connection it serves, to count what the engine holds for it."""
+
+    def on_connection_open(self, conn: Connection) -> None:
+        self.queues.events.append("open")
+        self.conn = conn
+
+
+def sessions_held(engine: Engine, conn: Connection) -> int:
+    """The sessions proton holds on the server's side of `conn` (read on the engine thread)."""
+
+    def count() -> int:
+        held, session = 0, lib.pn_session_head(conn._ptr, 0)
+        while session != ffi.NULL:
+            held += 1
+            session = lib.pn_session_next(session, 0)
+        return held
+
+    return int(engine.submit(count).result(5))
+
+
+def test_sessions_the_peer_ended_are_freed_and_the_connection_goes_on(amqp_listener):
+    queues = Queues()
+    peers: list[Remembers] = []
+
+    def handler() -> Remembers:
+        peers.append(Remembers(queues))
+        return peers[-1]
+
+    engine, port = amqp_listener(handler)
+    conn = BlockingConnection(f"127.0.0.1:{port}", timeout=10)
+    try:
+        for _batch in range(20):  # 2,000 sessions begun and ended, 100 at a time
+            batch = [conn.conn.session() for _ in range(100)]
+            for session in batch:
+                session.open()
+            conn.wait(
+                lambda batch=batch: all(s.state & Endpoint.REMOTE_ACTIVE for s in batch),
+                msg="a batch of sessions begun",
+            )
+            for session in batch:
+                session.close()
+            conn.wait(
+                lambda batch=batch: all(s.state & Endpoint.REMOTE_CLOSED for s in batch),
+                msg="a batch of sessions ended",
+            )
+            for session in batch:
+                session.free()
+        server = peers[0].conn
+        assert wait_for(lambda: sessions_held(engine, server) == 0), sessions_held(engine, server)
+        assert server._peer_sessions == set()
+        sender = conn.create_sender("q")
+        sender.send(Message(body="after 2,000 sessions"))
+    finally:
+        conn.close()
+    assert list(map(codec.read_body, queues.messages["q"])) == ["after 2,000 sessions"]
 
 
 def test_dynamic_receiver_gets_the_address_the_peer_made(queue_peer, amqp_client):

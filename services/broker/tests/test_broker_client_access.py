@@ -3,12 +3,14 @@ required`), real clients and the access pushed over BrokerAdmin as the storage-c
 nobody gets in before the first push; ANONYMOUS only where the plan allows it; SCRAM-SHA-512/256
 and PLAIN (over TLS only, unless the plan allows it); a user attaches only where its rules allow
 (refused at the link, the connection staying up; browsing needs `view` or `recv`); a new push
-closes the links that lost their right; the plan's limits hold; a bad push is refused by name,
-and a broker that serves routers takes none."""
+closes the links that lost their right; the plan's limits hold (connections, links and sessions
+per connection, message size); a bad push is refused by name, and a broker that serves routers
+takes none."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable
 
 import grpc
@@ -18,6 +20,8 @@ from enmasse.amqp.client import AmqpError, Client
 from enmasse.amqp.engine import Condition, Outcome, Terminus, Tls
 from enmasse.common.passwords import SCRAM_MECHANISMS, hash_password, scram_keys
 from enmasse.v1 import broker_pb2, resources_pb2, router_pb2
+from proton import Endpoint, Message
+from proton.utils import BlockingConnection, BlockingSender
 
 from tests.fixtures.broker import BrokerFactory, BrokerProcess
 
@@ -318,6 +322,51 @@ def test_the_plans_limits_hold(endpoint: BrokerProcess, amqp_client: Callable[..
         f"message of {len(codec.encode_message('x' * 2000))} bytes exceeds the limit of 1000 bytes",
     )
     assert sender.send(codec.encode_message("x" * 500)).outcome is Outcome.ACCEPTED, "it goes on"
+
+
+def _session_sender(conn: BlockingConnection, address: str) -> BlockingSender:
+    """A sender to `address` on a session of its own."""
+    session = conn.conn.session()
+    session.open()
+    link = session.sender(f"{address}-{uuid.uuid4().hex[:8]}")
+    link.target.address = address
+    link.open()
+    return BlockingSender(conn, link)
+
+
+def test_a_session_beyond_the_plans_limit_is_ended_and_the_others_go_on(
+    endpoint: BrokerProcess, amqp_client: Callable[..., Client]
+) -> None:
+    limits = router_pb2.RouterLimits(max_sessions_per_connection=2)
+    push(endpoint, access("v1", limits=limits, allow_plain_without_tls=True))
+    port = endpoint.amqp_port
+    conn = BlockingConnection(
+        f"127.0.0.1:{port}", timeout=10, user="all", password=PASSWORD, allowed_mechs="PLAIN"
+    )
+    try:
+        senders = [_session_sender(conn, "pq") for _ in range(2)]
+        third = conn.conn.session()
+        third.open()
+        conn.wait(lambda: bool(third.state & Endpoint.REMOTE_CLOSED), msg="the third session")
+        ended = third.remote_condition
+        assert Condition(ended.name, ended.description) == Condition(
+            "amqp:resource-limit-exceeded",
+            "too many sessions: this connection holds 2, the space's limit is 2",
+        )
+        third.close()
+        for n, sender in enumerate(senders):
+            sender.send(Message(body=f"from session {n}"))
+        # A session the client ends makes room for another.
+        first = senders[0].link.session
+        first.close()
+        conn.wait(lambda: bool(first.state & Endpoint.REMOTE_CLOSED), msg="the first session")
+        _session_sender(conn, "pq").send(Message(body="from a new session"))
+    finally:
+        conn.close()
+    consumer = amqp_client(port, user="all", password=PASSWORD, mechanisms=SCRAM)
+    receiver = consumer.receiver("pq", credit=10)
+    got = [codec.read_body(receiver.receive(10).payload) for _ in range(3)]
+    assert got == ["from session 0", "from session 1", "from a new session"]
 
 
 def test_a_bad_push_is_refused_by_name_and_changes_nothing(endpoint: BrokerProcess) -> None:

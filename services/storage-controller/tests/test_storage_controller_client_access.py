@@ -77,6 +77,7 @@ def test_the_broker_gets_the_spaces_users_its_plans_policy_and_limits() -> None:
         max_connections_per_user=20,
         max_message_size=65536,
         max_links_per_connection=50,
+        max_sessions_per_connection=4,
     )
     assert len(access.version) == 64
 

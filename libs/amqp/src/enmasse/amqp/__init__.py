@@ -12,6 +12,8 @@
   clients that log in with our SASL (amqps + SCRAM).
 - `selector`: JMS message selectors (the AMQP selector filter), parsed once per link, evaluated
   per message.
+- `windows`: how much credit a sender holds, in messages bounded in bytes (the router's and the
+  broker's rule; each keeps its own windows, budgets and counters).
 
 A process on the engine, in short (everything runs on the engine's thread):
 

@@ -6,10 +6,12 @@ the plan's login policy and its limits on one client endpoint), and, on the engi
 client connection as it opens and each link as it attaches. What flows out: the access in force,
 which the client listener's authenticator (`ClientEndpoint.logins`) reads at every login; for a
 connection its `Permissions`, or the refusal that closes it (amqp:resource-limit-exceeded: too
-many connections, or too many of one user's); for an attach the refusal of the link (too many
-links on the connection; amqp:unauthorized-access when the user's rules do not allow it, the
-connection staying up) or None; and, when a push changes users' rules, the live links that lost
-their right, which the connection handlers close with the same amqp:unauthorized-access.
+many connections, or too many of one user's); for a session the peer begins, the refusal that
+ends it (too many sessions on the connection, the router's words) or None; for an attach the
+refusal of the link (too many links on the connection; amqp:unauthorized-access when the
+user's rules do not allow it, the connection staying up) or None; and, when a push changes
+users' rules, the live links that lost their right, which the connection handlers close with
+the same amqp:unauthorized-access.
 
 A dynamic reply address (a temporary queue, `_dynamic/...`) is decided as a router decides its
 own: anyone may send to one (request/response needs that: the reply goes where `reply-to`
@@ -68,6 +70,7 @@ class ClientLimits:
     max_connections: int = 0
     max_connections_per_user: int = 0
     max_links_per_connection: int = 0
+    max_sessions_per_connection: int = 0
     max_message_size: int = 0
 
 
@@ -98,6 +101,7 @@ def access_from_proto(message: broker_pb2.ClientAccess) -> ClientAccess:
         "max_connections",
         "max_connections_per_user",
         "max_links_per_connection",
+        "max_sessions_per_connection",
         "max_message_size",
     ):
         if getattr(limits, name) < 0:
@@ -118,6 +122,7 @@ def access_from_proto(message: broker_pb2.ClientAccess) -> ClientAccess:
             max_connections=limits.max_connections,
             max_connections_per_user=limits.max_connections_per_user,
             max_links_per_connection=limits.max_links_per_connection,
+            max_sessions_per_connection=limits.max_sessions_per_connection,
             max_message_size=limits.max_message_size,
         ),
     )
@@ -182,6 +187,17 @@ class ClientEndpoint:
 
     def _permissions(self, user: str | None) -> Permissions:
         return Permissions(user=user, rules=self.access.rules.get(user, ()) if user else ())
+
+    def session_refusal(self, *, held: int) -> Condition | None:
+        """Why a client may not begin one more session on a connection holding `held` it
+        began, or None (the router's condition and words)."""
+        limit = self.access.limits.max_sessions_per_connection
+        if limit and held >= limit:
+            return Condition(
+                LIMIT_EXCEEDED,
+                f"too many sessions: this connection holds {held}, the space's limit is {limit}",
+            )
+        return None
 
     # ------------------------------------------------------------------ links
 

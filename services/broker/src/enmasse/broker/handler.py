@@ -12,14 +12,18 @@ commit callback once its record is fsync'd (the `GroupCommitter` thread writes o
 loop goes on; the next batch holds everything that arrived meanwhile, under ONE fsync). New
 messages are handed to consumers once per loop turn, per queue, not once per message.
 Pre-settled sends are taken at most once: nothing goes back to the producer, and a durable one
-that was not yet fsync'd when the broker died is gone. Producers
-get credit in windows, topped up only while the target has room: at the memory limit they simply
-wait. Bad input (unknown address, dynamic targets, undecodable headers) is refused
-on that link alone; an address the address rule refuses (`address_problem`, the one the config
-service checks `spec.address` with) is refused at attach with amqp:invalid-field, never looked at
-again per message; the engine already closes connections that send garbage or go silent, and
-rejects a delivery over the size limit for its producer alone (amqp:link:message-size-exceeded;
-the link, which a standard space's router shares among its producers, goes on).
+that was not yet fsync'd when the broker died is gone. Producers get credit in windows, topped up
+only while the target has room: at the memory limit they simply wait. A window is 1,000 messages
+bounded in bytes (`PRODUCER_BYTES`, by the router's rule in `enmasse.amqp.windows`): resized at
+each top-up to what the link's messages since the last one weighed, and before the first bounded by
+the link's max message size, so a link of 100 MiB messages (a client's, or a router's link shared
+by its producers) holds one at a time, not 1,000; per message that costs one addition of its size.
+Bad input (unknown address, dynamic targets, undecodable headers) is refused on that link alone; an
+address the address rule refuses (`address_problem`, the one the config service checks
+`spec.address` with) is refused at attach with amqp:invalid-field, never looked at again per
+message; the engine already closes connections that send garbage or go silent, and rejects a
+delivery over the size limit for its producer alone (amqp:link:message-size-exceeded; the link,
+which a standard space's router shares among its producers, goes on).
 A receiver's JMS selector (the `apache.org:selector-filter:string` source filter) is compiled
 once at attach (`enmasse.amqp.selector`; one that does not parse is refused with
 amqp:invalid-field and the parser's words): a queue consumer takes only what it selects, a
@@ -53,10 +57,12 @@ the delivery-count their header carries. The token is read once per connection, 
 sending link, and the per-message path of every other connection is untouched.
 
 A brokered space's broker is its space's client endpoint (`Endpoint.clients`, `clients.py`): its
-listeners check logins (plain port and amqps), each connection is admitted or turned away at
-open, and each attach is checked before the address is looked up (amqp:unauthorized-access or
-amqp:resource-limit-exceeded on that link alone); a new client access closes the links that lost
-their right (`revoke`). A standard space's broker has no `clients`: nothing of this runs there.
+listeners check logins (plain port and amqps), each connection is admitted or turned away at open,
+each session the client begins is ended at once beyond the plan's sessions per connection
+(amqp:resource-limit-exceeded, as a router does), and each attach is checked before the address is
+looked up (amqp:unauthorized-access or amqp:resource-limit-exceeded on that link alone); a new
+client access closes the links that lost their right (`revoke`). A standard space's broker has no
+`clients`: nothing of this runs there.
 """
 
 from __future__ import annotations
@@ -80,6 +86,7 @@ from enmasse.amqp.engine import (
 from enmasse.amqp.message_trace import MARK, flagged_unsampled
 from enmasse.amqp.selector import SelectorError, selector_of
 from enmasse.amqp.throttle import LoginThrottle
+from enmasse.amqp.windows import first_window, window
 from enmasse.amqp.wire import OUTCOME_ACCEPTED
 from enmasse.broker.broker import Broker, Conflict, NotFound, now_ms
 from enmasse.broker.clients import ClientEndpoint
@@ -107,6 +114,11 @@ UNAUTHORIZED = "amqp:unauthorized-access"
 RESOURCE_LOCKED = "amqp:resource-locked"
 # In our open frame: clients check it before sending on a link without a target (`relay.py`).
 OFFERED = ("ANONYMOUS-RELAY",)
+# What one producer link's window may hold in bytes, once its message sizes are known
+# (`enmasse.amqp.windows`, the router's rule): the credit window (1,000) of messages up to 16 kB,
+# fewer of larger ones, never fewer than one; before its first message, a link's window holds
+# this much of messages of its max size (100 MiB ones: one at a time).
+PRODUCER_BYTES = 16 * 1024 * 1024
 
 
 class Endpoint:
@@ -267,16 +279,31 @@ class Producer:
     """A receiving link of ours: where its messages go and whether it waits for room.
 
     credit_left counts down the credit we granted, one per message that arrives (only our flow
-    raises it), so the per-message check needs no call into proton.
+    raises it), so the per-message check needs no call into proton; taken_bytes adds up what
+    they weighed, and at the next top-up (below refill_below) the window is resized from the
+    two (`BrokerConnection._grant`); granted is the credit it held after the last one.
     """
 
-    __slots__ = ("address", "credit_left", "link", "waiting")
+    __slots__ = (
+        "address",
+        "credit_left",
+        "granted",
+        "link",
+        "refill_below",
+        "taken_bytes",
+        "waiting",
+        "window",
+    )
 
-    def __init__(self, link: Link, address: str) -> None:
+    def __init__(self, link: Link, address: str, *, window: int) -> None:
         self.link = link
         self.address = address
         self.waiting = False
         self.credit_left = 0
+        self.window = window
+        self.granted = 0
+        self.taken_bytes = 0
+        self.refill_below = 1
 
 
 def settlement_of(delivery: Delivery, outcome: Outcome) -> Settlement:
@@ -333,6 +360,12 @@ class BrokerConnection(ConnectionHandler):
             self.clients.forget(conn)
         if error is not None:
             log.info("connection closed", peer=conn.peer, error=str(error))
+
+    def on_session_begin(self, conn: Connection, *, held: int) -> Condition | None:
+        """A client endpoint holds a connection to its plan's sessions (`clients.py`)."""
+        if self.clients is None:
+            return None
+        return self.clients.session_refusal(held=held)
 
     # ------------------------------------------------------------------ attach / detach
 
@@ -398,8 +431,9 @@ class BrokerConnection(ConnectionHandler):
             absolute_expiry_ms=expiry,
             priority=priority,
         )
+        producer.taken_bytes += len(delivery.payload)
         producer.credit_left -= 1
-        if producer.credit_left < self.window // 2:
+        if producer.credit_left < producer.refill_below:
             self._top_up(producer)
 
     @staticmethod
@@ -490,10 +524,16 @@ class BrokerConnection(ConnectionHandler):
         if self.broker.find_queue(address) is None and address not in self.broker.topics:
             link.refuse(Condition(NOT_FOUND, f"no queue or topic {address!r} on this broker"))
             return
-        producer = Producer(link, address)
+        producer = Producer(link, address, window=self._first_window(link))
         link.context = producer
         link.accept()
         self._top_up(producer)
+
+    def _first_window(self, link: Link) -> int:
+        """A new producer link's window: bounded by what messages of its max size weigh."""
+        return first_window(
+            messages=self.window, budget=PRODUCER_BYTES, max_message_size=link.max_message_size
+        )
 
     def _attach_relay(self, link: Link) -> None:
         """A sender with no target address: an anonymous relay (`relay.py`), each message going
@@ -504,14 +544,13 @@ class BrokerConnection(ConnectionHandler):
             if refusal is not None:
                 link.refuse(refusal)
                 return
-        relay = Relay(link)
+        relay = Relay(link, window=self._first_window(link))
         link.context = relay
         if self._named_message is None:
             self._named_message = self.on_message
             self.on_message = self._on_any_message  # type: ignore[method-assign,assignment]
         link.accept()
-        link.flow(self.window)
-        relay.credit_left = self.window
+        self._grant(relay)  # no address yet whose room to wait for
 
     def _on_any_message(self, link: Link, delivery: Delivery) -> None:
         relay = link.context
@@ -673,8 +712,9 @@ class BrokerConnection(ConnectionHandler):
             self.endpoint.schedule_commit()
         elif settle is not None:
             settle()
+        producer.taken_bytes += len(payload)
         producer.credit_left -= 1
-        if producer.credit_left < self.window // 2:
+        if producer.credit_left < producer.refill_below:
             self._top_up(producer)
 
     def _traced_settle(
@@ -695,16 +735,35 @@ class BrokerConnection(ConnectionHandler):
         return owned
 
     def _top_up(self, producer: Producer) -> None:
-        link = producer.link
-        if not link.is_open:
+        if not producer.link.is_open:
             return
         if self.broker.has_room(producer.address):
-            link.flow(self.window - link.credit)
-            producer.credit_left = self.window
+            self._grant(producer)
         elif not producer.waiting:
             # At the memory limit: no more credit; the producer waits, nothing is dropped.
             producer.waiting = True
             self.broker.when_room(lambda: self._room_freed(producer))
+
+    def _grant(self, producer: Producer | Relay) -> None:
+        """Tops the producer's credit up to its window, the window first resized to what its
+        messages since the last top-up weighed (`enmasse.amqp.windows.window`). A window that
+        shrank below the credit the producer still holds gives nothing until it is used."""
+        link = producer.link
+        taken = producer.granted - producer.credit_left
+        if taken > 0:
+            producer.window = window(
+                messages=self.window,
+                budget=PRODUCER_BYTES,
+                taken=taken,
+                taken_bytes=producer.taken_bytes,
+            )
+        producer.taken_bytes = 0
+        producer.refill_below = max(1, producer.window // 2)
+        credit = link.credit
+        if credit < producer.window:
+            link.flow(producer.window - credit)
+            credit = producer.window
+        producer.granted = producer.credit_left = credit
 
     def _room_freed(self, producer: Producer) -> None:
         producer.waiting = False

@@ -43,16 +43,31 @@ MAX_SEND_DECISIONS = 1024
 
 class Relay:
     """A receiving link of ours with no target address: `link.context` (the handler keeps its
-    credit as for a named producer: `address` is the last address a message went to, whose
-    room the next credit waits for)."""
+    credit as for a named producer, in the same fields as `handler.Producer`: `address` is the
+    last address a message went to, whose room the next credit waits for)."""
 
-    __slots__ = ("_decisions", "_generation", "address", "credit_left", "link", "waiting")
+    __slots__ = (
+        "_decisions",
+        "_generation",
+        "address",
+        "credit_left",
+        "granted",
+        "link",
+        "refill_below",
+        "taken_bytes",
+        "waiting",
+        "window",
+    )
 
-    def __init__(self, link: Link) -> None:
+    def __init__(self, link: Link, *, window: int) -> None:
         self.link = link
         self.address = ""
         self.waiting = False
         self.credit_left = 0
+        self.window = window  # the credit fields: as `handler.Producer`'s
+        self.granted = 0
+        self.taken_bytes = 0
+        self.refill_below = 1
         self._decisions: dict[str, Condition | None] = {}  # `to` -> refusal, or None: allowed
         self._generation = -1
 

@@ -7,8 +7,8 @@ Pure domain (no network; unit-tested without processes):
 - `mesh`: link-state adverts, cheapest paths, reachable consumers, multicast trees;
 - `balancing`: anycast target choice (least outstanding, round robin on ties);
 - `fanout`: bounded per-consumer copy queues for multicast;
-- `windows`: how much credit a sender holds, in messages bounded in bytes (and `refill`, which
-  tops a link up to its window);
+- `windows`: `refill`, which tops a sender's link up to its window (in messages bounded in bytes,
+  by the rule in `enmasse.amqp.windows`);
 - `stats`: counters;
 - `access`: who gets in: the mesh secret routers log in to each other with, and client logins
   checked against the configuration's users (scrypt hashes).

@@ -69,11 +69,11 @@ from enmasse.amqp.engine import (
 )
 from enmasse.amqp.message_trace import MARK, flagged_unsampled
 from enmasse.amqp.selector import SelectorError, selector_of
+from enmasse.amqp.windows import first_window
 from enmasse.amqp.wire import OUTCOME_ACCEPTED, OUTCOME_NONE
 from enmasse.resources.authorization import RECV, SEND
 from enmasse.resources.contracts import ReplyAddresses, dynamic_owner
 from enmasse.resources.permissions import Permissions, browses, logged_in_as
-from enmasse.router import windows
 from enmasse.router.addressing import DYNAMIC, Resolution, UnknownAddress, resolve
 from enmasse.router.config import Distribution, RouterConfig
 from enmasse.router.fanout import CopyQueue
@@ -368,7 +368,7 @@ class Router:
         self.grant_credit(point)
 
     def first_window(self, messages: int, budget: int) -> int:
-        return windows.first_window(
+        return first_window(
             messages=messages, budget=budget, max_message_size=self._max_message_size
         )
 

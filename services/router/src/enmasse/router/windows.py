@@ -2,7 +2,8 @@
 
 In: the window in messages (`PRODUCER_WINDOW`, `TRANSIT_WINDOW`), a byte budget, and what the
 sender's deliveries weighed since its credit was last topped up (count and bytes), or, before any
-arrived, the largest message the router allows. Out: the credit to hold.
+arrived, the largest message the router allows. Out: the credit to hold (the rule itself,
+`window` and `first_window`, is the broker's too: `enmasse.amqp.windows`).
 
 Why: credit counts messages, and what a sender may have waiting at the router while consumers are
 slow is its whole window. 1,000 messages of 100 bytes are 100 kB; 1,000 of 1 MB would be 1 GB
@@ -11,12 +12,13 @@ never below one message (a sender always gets on). Before the first top-up the r
 nothing of the sizes a sender will use: the first window is bounded only when a max message size
 is configured.
 
-`refill` applies them to a link: the one function here that touches one.
+`refill` applies it to a link, with the router's windows and budgets.
 """
 
 from __future__ import annotations
 
 from enmasse.amqp.engine import Link
+from enmasse.amqp.windows import window
 from enmasse.router.points import (
     PRODUCER_BYTES,
     PRODUCER_WINDOW,
@@ -25,22 +27,6 @@ from enmasse.router.points import (
     TRANSIT_WINDOW,
     LinkState,
 )
-
-
-def window(*, messages: int, budget: int, taken: int, taken_bytes: int) -> int:
-    """The credit to hold, given the `taken` deliveries (`taken_bytes` in all) since the last
-    top-up: `messages`, fewer when they were large."""
-    if taken <= 0 or taken_bytes <= 0:
-        return messages
-    return max(1, min(messages, budget * taken // taken_bytes))
-
-
-def first_window(*, messages: int, budget: int, max_message_size: int) -> int:
-    """The credit a new sender gets: `messages`, fewer when even that many messages of the
-    largest allowed size would exceed `budget` (max_message_size 0: no limit configured)."""
-    if max_message_size <= 0:
-        return messages
-    return max(1, min(messages, budget // max_message_size))
 
 
 def refill(link: Link, state: LinkState) -> None:

@@ -47,6 +47,7 @@ def client_access(
             max_connections_per_user=quotas.max_connections_per_user,
             max_message_size=max_message_size(quotas.max_message_size),
             max_links_per_connection=quotas.max_links_per_connection,
+            max_sessions_per_connection=quotas.max_sessions_per_connection,
         ),
     )
     access.version = hashlib.sha256(access.SerializeToString(deterministic=True)).hexdigest()

@@ -415,6 +415,12 @@ class Link:
         return lib.pn_link_remote_max_message_size(self._ptr) if self._ptr is not None else 0
 
     @property
+    def max_message_size(self) -> int:
+        """The largest delivery this link takes (we receive on it): the listener's limit, or
+        the tighter one `limit_message_size` set; 0: no limit."""
+        return self._max_message_size
+
+    @property
     def draining(self) -> bool:
         """The peer asked us (sender) to use up or give back its credit (AMQP drain)."""
         return self._ptr is not None and bool(lib.pn_link_get_drain(self._ptr))

@@ -486,6 +486,9 @@ class Engine(Loop[Connection, Listener]):
         self._links.pop(address, None)
 
     def _on_session_remote_close(self, conn: Connection, session: Any) -> None:
+        """The peer ended a session: its links end with it, we answer the end and free it, as
+        a link (proton keeps it until our end is written; a connection that begins and ends
+        sessions in a loop holds none of them after)."""
         conn._peer_sessions.discard(address_of(session))
         for link in list(conn._links.values()):
             if link._ptr is not None and lib.pn_link_session(link._ptr) == session:
@@ -494,6 +497,7 @@ class Engine(Loop[Connection, Listener]):
             lib.pn_session_close(session)
         if session == conn._session:
             conn._session = None
+        lib.pn_session_free(session)
 
     def _report_closed(self, conn: Connection, error: Condition | None) -> None:
         if conn._reported:
