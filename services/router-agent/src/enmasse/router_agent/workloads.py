@@ -30,6 +30,7 @@ router's Service names, issuer `enmasse-ca`), mounted at /etc/enmasse/tls.
 
 from __future__ import annotations
 
+import functools
 import socket
 from collections.abc import Callable
 from dataclasses import replace
@@ -76,6 +77,9 @@ def router_ids(count: int) -> list[str]:
     return [f"router-{i}" for i in range(count)]
 
 
+# Rendered again on every pass, for every space, to compare with the files: the text depends on
+# the workload alone, so each one is rendered once (YAML dumping was the agent's idle CPU).
+@functools.lru_cache(maxsize=1024)
 def render_router(workload: RouterWorkload, *, image: str = IMAGE) -> str:
     """The Service, amqps Certificate and StatefulSet of one router, as YAML text."""
     space, router_id, ports = workload.space, workload.router_id, workload.ports
