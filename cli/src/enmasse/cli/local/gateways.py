@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from enmasse.cli.local.ports import free_port
 from enmasse.cli.local.var_dir import VarDir
+from enmasse.common.ports import unclaimed_port
 from enmasse.resources.rendered_routers import RouterWorkload
 
 GATEWAY_ID = "mqtt-gateway"
@@ -42,7 +42,7 @@ def ensure_pinned_port(var: VarDir, space: str) -> int:
     if port is None:
         folder = gateway_dir(var, space)
         folder.mkdir(parents=True, exist_ok=True)
-        port = free_port()
+        port = unclaimed_port()
         partial = folder / f".{PORT_FILE}.partial"
         partial.write_text(str(port))
         partial.replace(folder / PORT_FILE)

@@ -15,6 +15,7 @@ import socket
 from dataclasses import asdict, dataclass
 
 from enmasse.cli.local.var_dir import VarDir
+from enmasse.common.ports import unclaimed_port
 
 
 @dataclass(frozen=True)
@@ -25,12 +26,6 @@ class Ports:
     storage_controller: int
     router_agent: int
     subscription: int
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def port_is_free(port: int) -> bool:
@@ -59,7 +54,7 @@ def choose_ports(var: VarDir, *, in_use: bool = False) -> Ports:
     chosen = dict(stored)
     for name in Ports.__dataclass_fields__:
         while name not in chosen:
-            port = free_port()
+            port = unclaimed_port()
             if port not in chosen.values():  # the kernel may hand out the same port twice
                 chosen[name] = port
     ports = Ports(**chosen)

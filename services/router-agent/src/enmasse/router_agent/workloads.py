@@ -31,13 +31,13 @@ router's Service names, issuer `enmasse-ca`), mounted at /etc/enmasse/tls.
 from __future__ import annotations
 
 import functools
-import socket
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
+from enmasse.common.ports import unclaimed_port
 from enmasse.resources.rendered_routers import (
     ANNOTATION_INTER_ROUTER_PORT,
     CLIENT_AUTH,
@@ -197,13 +197,7 @@ def _pod_spec(*, space: str, router_id: str, image: str) -> dict[str, Any]:
     }
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def fresh_ports(port: Callable[[], int] = free_port) -> LocalRouterPorts:
+def fresh_ports(port: Callable[[], int] = unclaimed_port) -> LocalRouterPorts:
     chosen: list[int] = []
     while len(chosen) < 4:  # the kernel may hand the same free port out twice
         candidate = port()
@@ -215,7 +209,7 @@ def fresh_ports(port: Callable[[], int] = free_port) -> LocalRouterPorts:
 
 
 def kept_ports(
-    have: LocalRouterPorts | None, port: Callable[[], int] = free_port
+    have: LocalRouterPorts | None, port: Callable[[], int] = unclaimed_port
 ) -> LocalRouterPorts:
     """A router's ports as rendered before (fresh ones for a new router); one rendered before
     routers had an amqps port gets one, the others kept."""

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -59,6 +58,7 @@ import grpc
 import structlog
 from enmasse.common.certificates import TlsFiles
 from enmasse.common.credentials import TokenSource, config_channel, peer_channel
+from enmasse.common.ports import unclaimed_port
 from enmasse.resources.contracts import ACTIVE, STORED_TYPES, SUBSCRIPTION_SEPARATOR
 from enmasse.resources.discovery import LOOPBACK, BrokerEndpoint, Directory
 from enmasse.resources.informer import Informer
@@ -108,12 +108,6 @@ PLAN_FIELDS = (
 )
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass
 class SpacePass:
     """What one pass over a space found: which broker holds which address, who refused what."""
@@ -156,7 +150,7 @@ class StorageController:
         output: GitOpsOutput,
         directory: Directory | None,
         space: str = "",
-        pick_port: Callable[[], int] = free_port,
+        pick_port: Callable[[], int] = unclaimed_port,
         resync_interval: float = 1.0,
         writeback: WorkloadRepository | None = None,
         token: TokenSource | None = None,
