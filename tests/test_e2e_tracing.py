@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,14 +53,6 @@ def var_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv(tracing.OTLP_ENDPOINT_ENV, raising=False)
     monkeypatch.delenv(tracing.SAMPLING_ENV, raising=False)
     return folder
-
-
-@pytest.fixture
-def clients() -> Iterator[list[Client]]:
-    opened: list[Client] = []
-    yield opened
-    for client in opened:
-        client.close()
 
 
 def _send_sampled(sender: Any, tracer: Any, n: int) -> str:

@@ -19,11 +19,10 @@ from enmasse.v1 import broker_pb2, router_pb2
 from proton import Message
 from proton.utils import BlockingConnection
 
-from tests.fixtures.broker import BrokerFactory, BrokerProcess
+from tests.fixtures.broker import BrokerFactory, BrokerProcess, Rules, client_access
 
 PASSWORD = "secret"
 HASH = hash_password(PASSWORD)
-Rules = dict[str, list[str]]
 USERS: dict[str, Rules] = {
     "sender": {"send": ["pq"]},
     "all": {"send": ["#"], "recv": ["#"]},
@@ -33,24 +32,14 @@ USERS: dict[str, Rules] = {
 def _access(
     version: str, users: dict[str, Rules] = USERS, *, links: int = 0
 ) -> broker_pb2.ClientAccess:
-    """A push as the storage-controller makes it; PLAIN in clear, so proton's own client logs in.
-    `links`: the plan's limit of links on one connection (0: none)."""
-    return broker_pb2.ClientAccess(
+    """PLAIN in clear, so proton's own client logs in. `links`: the plan's limit of links on
+    one connection (0: none)."""
+    return client_access(
         version=version,
-        space="jms",
-        allow_plain_without_tls=True,
+        users=users,
+        password_hash=HASH,
         limits=router_pb2.RouterLimits(max_links_per_connection=links),
-        users=[
-            router_pb2.RouterUser(
-                username=name,
-                password_hash=HASH,
-                authorization=[
-                    router_pb2.RouterRule(addresses=patterns, operations=[operation])
-                    for operation, patterns in rules.items()
-                ],
-            )
-            for name, rules in users.items()
-        ],
+        allow_plain_without_tls=True,
     )
 
 

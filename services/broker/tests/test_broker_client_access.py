@@ -23,7 +23,7 @@ from enmasse.v1 import broker_pb2, resources_pb2, router_pb2
 from proton import Endpoint, Message
 from proton.utils import BlockingConnection, BlockingSender
 
-from tests.fixtures.broker import BrokerFactory, BrokerProcess
+from tests.fixtures.broker import BrokerFactory, BrokerProcess, Rules, client_access
 
 PASSWORD = "secret"
 HASH = hash_password(PASSWORD)  # one scrypt for every user of the module
@@ -31,7 +31,6 @@ KEYS = [scram_keys(PASSWORD, mechanism=m) for m in SCRAM_MECHANISMS]
 SCRAM = sasl.CLIENT_MECHANISMS  # SCRAM-SHA-512 first
 NO_LOGIN = Condition("amqp:unauthorized-access", "Authentication failed [mech=none]")
 BAD_SCRAM = Condition("amqp:unauthorized-access", "Authentication failed [mech=SCRAM-SHA-512]")
-Rules = dict[str, list[str]]  # operation -> address patterns
 
 USERS: dict[str, Rules] = {
     "sender": {"send": ["pq"]},
@@ -52,32 +51,22 @@ def access(
     limits: router_pb2.RouterLimits | None = None,
     **policy: bool,
 ) -> broker_pb2.ClientAccess:
-    """A push as the storage-controller makes it: users with their hash, SCRAM keys and rules."""
-    return broker_pb2.ClientAccess(
+    """Users with their hash, SCRAM keys and rules."""
+    return client_access(
         version=version,
-        space="jms",
-        limits=limits,
-        users=[
-            router_pb2.RouterUser(
-                username=name,
-                password_hash=HASH,
-                scram_credentials=[
-                    resources_pb2.ScramCredential(
-                        mechanism=k.mechanism,
-                        salt=k.salt,
-                        iterations=k.iterations,
-                        stored_key=k.stored_key,
-                        server_key=k.server_key,
-                    )
-                    for k in KEYS
-                ],
-                authorization=[
-                    router_pb2.RouterRule(addresses=patterns, operations=[operation])
-                    for operation, patterns in rules.items()
-                ],
+        users=users,
+        password_hash=HASH,
+        scram_credentials=[
+            resources_pb2.ScramCredential(
+                mechanism=k.mechanism,
+                salt=k.salt,
+                iterations=k.iterations,
+                stored_key=k.stored_key,
+                server_key=k.server_key,
             )
-            for name, rules in users.items()
+            for k in KEYS
         ],
+        limits=limits,
         **policy,
     )
 

@@ -19,13 +19,13 @@ from enmasse.amqp.client import AmqpError, Client, Sender
 from enmasse.amqp.engine import Condition, Outcome
 from enmasse.broker.broker import Broker
 from enmasse.common.passwords import hash_password
-from enmasse.v1 import broker_pb2, router_pb2
+from enmasse.v1 import broker_pb2
 from proton import Link, Message
 from proton import Terminus as ProtonTerminus
 from proton.reactor import LinkOption
 from proton.utils import BlockingConnection, BlockingReceiver, SyncRequestResponse
 
-from tests.fixtures.broker import BrokerFactory, BrokerProcess
+from tests.fixtures.broker import BrokerFactory, BrokerProcess, client_access
 
 PASSWORD = "secret"
 HASH = hash_password(PASSWORD)
@@ -37,22 +37,9 @@ USERS: dict[str, dict[str, list[str]]] = {
 
 
 def _access(version: str) -> broker_pb2.ClientAccess:
-    """A push as the storage-controller makes it; PLAIN in clear, so proton's own client logs in."""
-    return broker_pb2.ClientAccess(
-        version=version,
-        space="jms",
-        allow_plain_without_tls=True,
-        users=[
-            router_pb2.RouterUser(
-                username=name,
-                password_hash=HASH,
-                authorization=[
-                    router_pb2.RouterRule(addresses=patterns, operations=[operation])
-                    for operation, patterns in rules.items()
-                ],
-            )
-            for name, rules in USERS.items()
-        ],
+    """PLAIN in clear, so proton's own client logs in."""
+    return client_access(
+        version=version, users=USERS, password_hash=HASH, allow_plain_without_tls=True
     )
 
 

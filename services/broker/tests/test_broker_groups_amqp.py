@@ -9,25 +9,13 @@ accepted comes back.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 from proton import Message, Timeout
-from proton.utils import BlockingConnection, BlockingReceiver
+from proton.utils import BlockingReceiver
 
 from tests.fixtures.broker import BrokerProcess
 
 TIMEOUT = 10
 QUIET = 1.0  # how long a receiver must get nothing to count as "nothing more for it"
-
-
-@contextlib.contextmanager
-def connected(broker: BrokerProcess) -> Iterator[BlockingConnection]:
-    conn = BlockingConnection(f"127.0.0.1:{broker.amqp_port}", timeout=TIMEOUT)
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 def grouped(body: str, group: str | None, sequence: int | None = None) -> Message:
@@ -52,7 +40,7 @@ def test_a_group_stays_on_one_consumer_while_ungrouped_messages_spread(
 ) -> None:
     broker.ensure_queue("orders")
     layout = ["A", "B", None, None, "A", "B", None, "A", None, "B"] * 5
-    with connected(broker) as conn:
+    with broker.proton(timeout=TIMEOUT) as conn:
         first = conn.create_receiver("orders", credit=100, name="first")
         second = conn.create_receiver("orders", credit=100, name="second")
         sender = conn.create_sender("orders")
@@ -73,7 +61,7 @@ def test_a_group_stays_on_one_consumer_while_ungrouped_messages_spread(
 
 def test_a_group_moves_when_its_consumer_closes(broker: BrokerProcess) -> None:
     broker.ensure_queue("sessions")
-    with connected(broker) as conn:
+    with broker.proton(timeout=TIMEOUT) as conn:
         one = conn.create_receiver("sessions", credit=100, name="one")
         two = conn.create_receiver("sessions", credit=100, name="two")
         sender = conn.create_sender("sessions")

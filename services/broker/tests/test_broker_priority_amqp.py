@@ -7,35 +7,22 @@ durable messages.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 from proton import Message
-from proton.utils import BlockingConnection
 
 from tests.fixtures.broker import BrokerProcess
 
 TIMEOUT = 10
 
 
-@contextlib.contextmanager
-def connected(broker: BrokerProcess) -> Iterator[BlockingConnection]:
-    conn = BlockingConnection(f"127.0.0.1:{broker.amqp_port}", timeout=TIMEOUT)
-    try:
-        yield conn
-    finally:
-        conn.close()
-
-
 def send_all(broker: BrokerProcess, address: str, messages: list[Message]) -> None:
-    with connected(broker) as conn:
+    with broker.proton(timeout=TIMEOUT) as conn:
         sender = conn.create_sender(address)
         for message in messages:
             sender.send(message)  # blocks until settled: the broker owns it
 
 
 def receive_bodies(broker: BrokerProcess, address: str, n: int) -> list[str]:
-    with connected(broker) as conn:
+    with broker.proton(timeout=TIMEOUT) as conn:
         receiver = conn.create_receiver(address, credit=n)
         bodies = []
         for _ in range(n):

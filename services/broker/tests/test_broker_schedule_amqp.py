@@ -10,26 +10,14 @@ time, not before (the delay was stored as an absolute time).
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator
 
 import pytest
 from proton import Message, Timeout, symbol
-from proton.utils import BlockingConnection
 
 from tests.fixtures.broker import BrokerProcess
 
 TIMEOUT = 15
-
-
-@contextlib.contextmanager
-def connected(broker: BrokerProcess) -> Iterator[BlockingConnection]:
-    conn = BlockingConnection(f"127.0.0.1:{broker.amqp_port}", timeout=TIMEOUT)
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 def scheduled(body: str, *, durable: bool = False, **annotations: int) -> Message:
@@ -42,7 +30,7 @@ def scheduled(body: str, *, durable: bool = False, **annotations: int) -> Messag
 
 def test_a_delayed_message_comes_after_its_delay_not_before(broker: BrokerProcess) -> None:
     broker.ensure_queue("later")
-    with connected(broker) as conn:
+    with broker.proton(timeout=TIMEOUT) as conn:
         receiver = conn.create_receiver("later", credit=10)
         sender = conn.create_sender("later")
         sent_at = time.monotonic()
@@ -64,7 +52,7 @@ def test_a_delayed_message_comes_after_its_delay_not_before(broker: BrokerProces
 def test_an_absolute_delivery_time(broker: BrokerProcess) -> None:
     broker.ensure_queue("at")
     due = int(time.time() * 1000) + 2000
-    with connected(broker) as conn:
+    with broker.proton(timeout=TIMEOUT) as conn:
         receiver = conn.create_receiver("at", credit=10)
         conn.create_sender("at").send(scheduled("at its time", time=due))
         with pytest.raises(Timeout):
@@ -79,14 +67,14 @@ def test_an_absolute_delivery_time(broker: BrokerProcess) -> None:
 def test_a_durable_scheduled_message_survives_a_sigkill(broker: BrokerProcess) -> None:
     broker.ensure_queue("durable-later")
     delay_ms = 12_000  # longer than a restart on a loaded machine takes
-    with connected(broker) as conn:
+    with broker.proton(timeout=TIMEOUT) as conn:
         conn.create_sender("durable-later").send(
             scheduled("after the crash", durable=True, delay=delay_ms)
         )
     due = time.time() + delay_ms / 1000
     broker.kill()
     broker.restart()
-    with connected(broker) as conn:
+    with broker.proton(timeout=TIMEOUT) as conn:
         receiver = conn.create_receiver("durable-later", credit=10)
         early = due - time.time() - 1.0
         assert early > 0, "the restart took longer than the delay: nothing left to check"
@@ -101,7 +89,7 @@ def test_a_durable_scheduled_message_survives_a_sigkill(broker: BrokerProcess) -
 
 def test_a_topic_subscriber_gets_it_at_its_time(broker: BrokerProcess) -> None:
     broker.ensure_topic("news")
-    with connected(broker) as conn:
+    with broker.proton(timeout=TIMEOUT) as conn:
         receiver = conn.create_receiver("news", credit=10)
         conn.create_sender("news").send(scheduled("scheduled news", delay=1500))
         with pytest.raises(Timeout):

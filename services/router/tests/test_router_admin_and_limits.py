@@ -8,7 +8,6 @@ import concurrent.futures
 import socket
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -29,14 +28,6 @@ from proton import Delivery, Endpoint, Message
 from proton.utils import BlockingConnection, BlockingSender
 
 from tests.fixtures.router import RouterFleet, RouterProcess
-
-
-@pytest.fixture
-def clients() -> Iterator[list[Client]]:
-    opened: list[Client] = []
-    yield opened
-    for c in opened:
-        c.close()
 
 
 def _connect(router: RouterProcess, opened: list[Client]) -> Client:

@@ -6,25 +6,13 @@ broker counts, the router carries."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 from enmasse.amqp import codec
 from enmasse.amqp.client import Client
 from enmasse.amqp.engine import Outcome
-from enmasse.v1 import router_pb2
 
 from tests.fixtures.broker import BrokerProcess
 from tests.fixtures.router import RouterFleet
 from tests.fixtures.waiting import wait_for
-
-
-@pytest.fixture
-def clients() -> Iterator[list[Client]]:
-    opened: list[Client] = []
-    yield opened
-    for c in opened:
-        c.close()
 
 
 def _connect(port: int, opened: list[Client]) -> Client:
@@ -64,15 +52,7 @@ def test_a_queue_through_the_router_counts_failed_deliveries_only(
     routers: RouterFleet, broker: BrokerProcess, clients: list[Client]
 ) -> None:
     broker.ensure_queue("orders")
-    router = routers.start("r1")
-    waypoint = router_pb2.BrokerWaypoint(
-        name="b1", host="127.0.0.1", port=broker.amqp_port, state="Active"
-    )
-    router.apply(
-        routers.mesh_config(
-            generation=1, addresses={"orders": "queue"}, waypoints={"orders": [waypoint]}
-        )
-    )
+    router = routers.start_before_queue("orders", broker_port=broker.amqp_port)
     sender = _connect(router.amqp_port, clients).sender("orders")
     assert sender.send(codec.encode_message("order")).outcome is Outcome.ACCEPTED
     receiver = _connect(router.amqp_port, clients).receiver("orders", credit=1)

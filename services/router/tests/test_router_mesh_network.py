@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import Future
 
 import pytest
@@ -29,14 +28,6 @@ def pair(routers: RouterFleet) -> tuple[RouterProcess, RouterProcess]:
     routers.apply_all(routers.mesh_config(generation=1, addresses=ADDRESSES))
     routers.wait_for_mesh()
     return r1, r2
-
-
-@pytest.fixture
-def clients() -> Iterator[list[Client]]:
-    opened: list[Client] = []
-    yield opened
-    for c in opened:
-        c.close()
 
 
 def _connect(router: RouterProcess, opened: list[Client]) -> Client:

@@ -7,10 +7,8 @@ router's producers share, and the router passes the rejection back to its produc
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import Future
 
-import pytest
 from enmasse.amqp import codec
 from enmasse.amqp.client import Client, Sender
 from enmasse.amqp.engine import Condition, Delivery, Outcome
@@ -22,27 +20,13 @@ from tests.fixtures.router import RouterFleet, RouterProcess
 NEIGHBOUR_MESSAGES = 200
 
 
-@pytest.fixture
-def clients() -> Iterator[list[Client]]:
-    opened: list[Client] = []
-    yield opened
-    for c in opened:
-        c.close()
-
-
 def _router(routers: RouterFleet, broker: BrokerProcess, *, limit: int) -> RouterProcess:
     broker.ensure_queue("orders")
-    router = routers.start("r1")
-    waypoint = router_pb2.BrokerWaypoint(name="b1", host="127.0.0.1", port=broker.amqp_port)
-    router.apply(
-        routers.mesh_config(
-            generation=1,
-            addresses={"orders": "queue"},
-            waypoints={"orders": [waypoint]},
-            limits=router_pb2.RouterLimits(max_message_size=limit),
-        )
+    return routers.start_before_queue(
+        "orders",
+        broker_port=broker.amqp_port,
+        limits=router_pb2.RouterLimits(max_message_size=limit),
     )
-    return router
 
 
 def _beside_a_neighbour(

@@ -6,39 +6,21 @@ nothing before the delay and the message after it."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 from enmasse.amqp import codec
 from enmasse.amqp.client import Client
 from enmasse.amqp.engine import Outcome
-from enmasse.v1 import router_pb2
 
 from tests.fixtures.broker import BrokerProcess
 from tests.fixtures.router import RouterFleet
-
-
-@pytest.fixture
-def clients() -> Iterator[list[Client]]:
-    opened: list[Client] = []
-    yield opened
-    for c in opened:
-        c.close()
 
 
 def test_a_delayed_message_through_the_router_comes_at_its_time(
     routers: RouterFleet, broker: BrokerProcess, clients: list[Client]
 ) -> None:
     broker.ensure_queue("reminders")
-    router = routers.start("r1")
-    waypoint = router_pb2.BrokerWaypoint(
-        name="b1", host="127.0.0.1", port=broker.amqp_port, state="Active"
-    )
-    router.apply(
-        routers.mesh_config(
-            generation=1, addresses={"reminders": "queue"}, waypoints={"reminders": [waypoint]}
-        )
-    )
+    router = routers.start_before_queue("reminders", broker_port=broker.amqp_port)
     clients.append(Client("127.0.0.1", router.amqp_port))
     receiver = clients[-1].receiver("reminders", credit=10)
     clients.append(Client("127.0.0.1", router.amqp_port))

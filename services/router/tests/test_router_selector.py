@@ -4,27 +4,16 @@ attach, with amqp:invalid-field and the parser's words, before any broker is ask
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from enmasse.amqp import codec
 from enmasse.amqp.client import AmqpError, Client
 from enmasse.amqp.engine import Terminus
 from enmasse.amqp.selector import SELECTOR_FILTER_KEY, SELECTOR_FILTER_SYMBOL
-from enmasse.v1 import router_pb2
 from proton import Described, symbol
 
 from tests.fixtures.broker import BrokerProcess
 from tests.fixtures.router import RouterFleet, RouterProcess
 from tests.fixtures.waiting import wait_for
-
-
-@pytest.fixture
-def clients() -> Iterator[list[Client]]:
-    opened: list[Client] = []
-    yield opened
-    for c in opened:
-        c.close()
 
 
 def _connect(router: RouterProcess, opened: list[Client]) -> Client:
@@ -41,15 +30,7 @@ def _selecting(address: str, selector: str) -> Terminus:
 
 def _orders_router(routers: RouterFleet, broker: BrokerProcess) -> RouterProcess:
     broker.ensure_queue("orders")
-    router = routers.start("r1")
-    waypoint = router_pb2.BrokerWaypoint(
-        name="b1", host="127.0.0.1", port=broker.amqp_port, state="Active"
-    )
-    router.apply(
-        routers.mesh_config(
-            generation=1, addresses={"orders": "queue"}, waypoints={"orders": [waypoint]}
-        )
-    )
+    router = routers.start_before_queue("orders", broker_port=broker.amqp_port)
     return router
 
 

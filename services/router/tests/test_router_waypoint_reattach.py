@@ -9,27 +9,16 @@ push, while producers wait without credit (not refused) and consumers stay attac
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
-import pytest
 from enmasse.amqp import codec
 from enmasse.amqp.client import Client
 from enmasse.amqp.engine import Outcome
-from enmasse.v1 import router_pb2
 
 from tests.fixtures.broker import BrokerProcess
 from tests.fixtures.router import RouterFleet, RouterProcess
 
 REFUSED = "broker refused a link; attaching again with back-off"
 ATTACHED = "broker link attached again"
-
-
-@pytest.fixture
-def clients() -> Iterator[list[Client]]:
-    opened: list[Client] = []
-    yield opened
-    for c in opened:
-        c.close()
 
 
 def _log_lines(router: RouterProcess, text: str) -> list[str]:
@@ -56,20 +45,7 @@ def _wait_broker_connected(router: RouterProcess) -> None:
 def test_a_queue_created_after_its_route_gets_producers_and_consumers_going_without_a_push(
     routers: RouterFleet, broker: BrokerProcess, clients: list[Client]
 ) -> None:
-    router = routers.start("r1")
-    router.apply(
-        routers.mesh_config(
-            generation=1,
-            addresses={"orders": "queue"},
-            waypoints={
-                "orders": [
-                    router_pb2.BrokerWaypoint(
-                        name="b1", host="127.0.0.1", port=broker.amqp_port, state="Active"
-                    )
-                ]
-            },
-        )
-    )
+    router = routers.start_before_queue("orders", broker_port=broker.amqp_port)
     producer = Client("127.0.0.1", router.amqp_port)
     clients.append(producer)
     sender = producer.sender("orders")  # attached: the address is configured

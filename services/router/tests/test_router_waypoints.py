@@ -5,7 +5,6 @@ subscriber finds again through another router."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 from enmasse.amqp import codec
@@ -21,14 +20,6 @@ def _waypoint(name: str, broker: BrokerProcess, state: str = "Active") -> router
     return router_pb2.BrokerWaypoint(
         name=name, host="127.0.0.1", port=broker.amqp_port, state=state
     )
-
-
-@pytest.fixture
-def clients() -> Iterator[list[Client]]:
-    opened: list[Client] = []
-    yield opened
-    for c in opened:
-        c.close()
 
 
 def _connect(port: int, opened: list[Client], **options: object) -> Client:

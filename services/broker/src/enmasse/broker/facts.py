@@ -27,18 +27,23 @@ _BEFORE_PROPERTIES = (0x71, 0x72)  # delivery- and message-annotations
 _MAY_CARRY_EXPIRY = frozenset((_PROPERTIES, *_BEFORE_PROPERTIES))
 
 
-def message_facts(payload: bytes) -> Facts:
+def message_facts(payload: bytes, *, properties: codec.Properties | None = None) -> Facts:
     """(durable, ttl, absolute_expiry_time, priority) of an encoded message; raises
-    codec.CodecError."""
+    codec.CodecError. `properties`: the message's, when the caller read them already (a relayed
+    message's, for its `to`), so they are not decoded twice."""
     if payload[:3] != _HEADER:
         if payload[:2] == _SECTION and payload[2] not in _MAY_CARRY_EXPIRY:
             return _NO_FACTS  # the commonest shape: no header, the body next
-        return _expiry_after(payload, 0, durable=False, ttl=None, priority=DEFAULT_PRIORITY)
+        return _expiry_after(
+            payload, 0, durable=False, ttl=None, priority=DEFAULT_PRIORITY, properties=properties
+        )
     code = payload[3]
     if code == 0x45:  # empty list: every header field is its default
-        return _expiry_after(payload, 4, durable=False, ttl=None, priority=DEFAULT_PRIORITY)
+        return _expiry_after(
+            payload, 4, durable=False, ttl=None, priority=DEFAULT_PRIORITY, properties=properties
+        )
     if code != 0xC0:
-        return _slow(payload)
+        return _slow(payload, properties)
     end = 5 + payload[4]
     count = payload[5]
     pos = 6
@@ -50,7 +55,7 @@ def message_facts(payload: bytes) -> Facts:
         if flag == 0x41:
             durable = True
         elif flag not in (0x40, 0x42):
-            return _slow(payload)
+            return _slow(payload, properties)
         pos += 1
     if count >= 2:
         code = payload[pos]
@@ -60,7 +65,7 @@ def message_facts(payload: bytes) -> Facts:
             priority = payload[pos + 1]
             pos += 2
         else:
-            return _slow(payload)
+            return _slow(payload, properties)
     if count >= 3:
         kind = payload[pos]
         if kind == 0x52:
@@ -70,25 +75,33 @@ def message_facts(payload: bytes) -> Facts:
         elif kind == 0x43:
             ttl = 0
         elif kind != 0x40:
-            return _slow(payload)
-    return _expiry_after(payload, end, durable=durable, ttl=ttl or None, priority=priority)
+            return _slow(payload, properties)
+    return _expiry_after(
+        payload, end, durable=durable, ttl=ttl or None, priority=priority, properties=properties
+    )
 
 
 def _expiry_after(
-    payload: bytes, pos: int, *, durable: bool, ttl: int | None, priority: int
+    payload: bytes,
+    pos: int,
+    *,
+    durable: bool,
+    ttl: int | None,
+    priority: int,
+    properties: codec.Properties | None,
 ) -> Facts:
     """Reads absolute-expiry-time only when a properties section can be there."""
-    if payload[pos : pos + 2] != _SECTION:
-        expiry = codec.read_properties(payload).absolute_expiry_time or None
-        return durable, ttl, expiry, priority
-    section = payload[pos + 2]
-    if section in _MAY_CARRY_EXPIRY:
-        expiry = codec.read_properties(payload).absolute_expiry_time or None
-        return durable, ttl, expiry, priority
-    return durable, ttl, None, priority
+    if payload[pos : pos + 2] == _SECTION and payload[pos + 2] not in _MAY_CARRY_EXPIRY:
+        return durable, ttl, None, priority
+    expiry = _properties(payload, properties).absolute_expiry_time or None
+    return durable, ttl, expiry, priority
 
 
-def _slow(payload: bytes) -> Facts:
+def _slow(payload: bytes, properties: codec.Properties | None) -> Facts:
     header = codec.read_header(payload)
-    expiry = codec.read_properties(payload).absolute_expiry_time
+    expiry = _properties(payload, properties).absolute_expiry_time
     return header.durable, header.ttl or None, expiry or None, header.priority
+
+
+def _properties(payload: bytes, known: codec.Properties | None) -> codec.Properties:
+    return known if known is not None else codec.read_properties(payload)

@@ -563,7 +563,7 @@ class BrokerConnection(ConnectionHandler):
             link.flow(1)  # that one weighs nothing here
             return
         relay.address = to  # what the credit now waits on (see `_top_up`)
-        BrokerConnection.on_message(self, link, delivery)
+        BrokerConnection.on_message(self, link, delivery, properties=delivery.properties)
 
     def _refused_address(self, link: Link, address: str) -> bool:
         """Refuses the link (the connection stays) when the address breaks the address rule;
@@ -681,11 +681,19 @@ class BrokerConnection(ConnectionHandler):
 
     # ------------------------------------------------------------------ producers
 
-    def on_message(self, link: Link, delivery: Delivery, delivery_count: int = 0) -> None:
+    def on_message(
+        self,
+        link: Link,
+        delivery: Delivery,
+        delivery_count: int = 0,
+        *,
+        properties: codec.Properties | None = None,
+    ) -> None:
+        """`properties`: the message's, when read already (a relayed message's, for its `to`)."""
         producer: Producer = link.context
         payload = delivery.payload
         try:
-            durable, ttl, expiry, priority = message_facts(payload)
+            durable, ttl, expiry, priority = message_facts(payload, properties=properties)
         except (codec.CodecError, IndexError, ValueError) as exc:
             delivery.settle(Outcome.REJECTED, error=Condition(DECODE_ERROR, str(exc)))
             self._top_up(producer)
