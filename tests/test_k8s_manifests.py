@@ -7,8 +7,9 @@ applied by hand. Out: assertions on what a cluster would be handed:
 
 - core objects pass `kubernetes-validate` in strict mode (unknown fields refused) for the
   Kubernetes version below;
-- Argo CD and cert-manager objects pass the schemas of their CRDs, compiled by the npm packages
-  `@kubernetes-models/argo-cd` and `@kubernetes-models/cert-manager` (k8s/schemas/, installed by
+- Argo CD, cert-manager and Prometheus Operator objects (PodMonitors) pass the schemas of their
+  CRDs, compiled by the npm packages `@kubernetes-models/argo-cd`, `.../cert-manager` and
+  `.../prometheus-operator` (k8s/schemas/, installed by
   scripts/setup with `npm ci`), through k8s/schemas/validate-argocd.mjs: kubernetes-validate has
   no schema for custom resources;
 - the platform has what DESIGN §5 promises (a 3-member etcd with volumes, a Deployment + Service +
@@ -32,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -52,7 +54,7 @@ from enmasse.common.serving import start_server
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
 SCHEMAS = K8S / "schemas"
-SCHEMA_PACKAGES = ("argo-cd", "cert-manager")
+SCHEMA_PACKAGES = ("argo-cd", "cert-manager", "prometheus-operator")
 # The oldest Kubernetes the manifests promise to run on (gRPC probes are GA since 1.27).
 KUBERNETES_VERSION = "1.32.0"
 CONTROL_PLANE = {
@@ -135,9 +137,11 @@ def argocd_verdicts(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def is_custom_resource(obj: dict[str, Any]) -> bool:
-    """Argo CD's and cert-manager's objects: validate-argocd.mjs judges them, not
-    kubernetes-validate."""
-    return str(obj.get("apiVersion", "")).startswith(("argoproj.io/", "cert-manager.io/"))
+    """Argo CD's, cert-manager's and the Prometheus Operator's objects: validate-argocd.mjs
+    judges them, not kubernetes-validate."""
+    return str(obj.get("apiVersion", "")).startswith(
+        ("argoproj.io/", "cert-manager.io/", "monitoring.coreos.com/")
+    )
 
 
 def named(objects: tuple[dict[str, Any], ...], kind: str) -> dict[str, dict[str, Any]]:
@@ -423,6 +427,82 @@ def test_rendered_routers_and_brokers_mount_their_role_certificate_and_probe() -
         assert command[1].rpartition("/")[2] in probe, role
         probe_volume = {v["name"]: v for v in pod["volumes"]}["grpc-probe"]
         assert probe_volume["configMap"]["name"] == "enmasse-grpc-probe"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_pod_serves_metrics_that_a_podmonitor_scrapes(overlay: str) -> None:
+    """Each control-plane Deployment, and each router and broker the controllers render, serves
+    Prometheus metrics on the port named `metrics` (--metrics-port); a PodMonitor selects each
+    of them; the dashboard queries only metric names the processes serve."""
+    from enmasse.common import metrics
+    from enmasse.resources.rendered_brokers import Broker, LocalPorts
+    from enmasse.resources.rendered_routers import LocalRouterPorts, RouterWorkload
+    from enmasse.router_agent.workloads import render_router
+    from enmasse.storage_controller.workloads import render_broker
+
+    objects = build(overlay)
+    rendered = [
+        d
+        for text in (
+            render_router(
+                RouterWorkload(space="shop", router_id="router-0", ports=LocalRouterPorts(1, 2, 3))
+            ),
+            render_broker(
+                space="shop", broker=Broker("shop-broker-0", pooled=True), ports=LocalPorts(4, 5)
+            ),
+        )
+        for d in yaml.safe_load_all(text)
+        if d
+    ]
+    monitors = named(objects, "PodMonitor")
+    pods = [
+        (obj, obj["spec"]["template"])
+        for obj in [*objects, *rendered]
+        if obj["kind"] in ("Deployment", "StatefulSet")
+        and obj["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component")
+        in ("control-plane", "router", "broker")
+    ]
+    assert len(pods) == len(CONTROL_PLANE) + 2
+    for obj, template in pods:
+        container = template["spec"]["containers"][0]  # the service's own (a sidecar may follow)
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert ports.get("metrics") == metrics.METRICS_PORT, obj["metadata"]["name"]
+        assert f"--metrics-port={metrics.METRICS_PORT}" in container["args"]
+        labels = template["metadata"]["labels"]
+        scraped_by = [
+            name
+            for name, monitor in monitors.items()
+            if _selects(monitor["spec"]["selector"], labels)
+            and [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
+        ]
+        assert len(scraped_by) == 1, (obj["metadata"]["name"], scraped_by)
+    policy = named(objects, "NetworkPolicy")["metrics-from-monitoring"]["spec"]
+    assert policy["podSelector"] == {}
+    assert [p["port"] for r in policy["ingress"] for p in r["ports"]] == [metrics.METRICS_PORT]
+    served = {
+        value for name, value in vars(metrics).items() if name.isupper() and isinstance(value, str)
+    }
+    dashboard = json.loads(
+        named(objects, "ConfigMap")["enmasse-dashboard"]["data"]["enmasse-py.json"]
+    )
+    queried = {
+        word.removesuffix("_total").removesuffix("_bucket")
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for word in re.findall(r"enmasse_[a-z_]+", target["expr"])
+        if not word.startswith("enmasse_io_")
+    }
+    assert queried
+    assert queried <= served, queried - served
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    return all(
+        labels.get(e["key"]) in e["values"] if e["operator"] == "In" else False
+        for e in selector.get("matchExpressions", [])
+    )
 
 
 def test_client_endpoints_serve_amqps_with_a_certificate_of_their_own() -> None:

@@ -1,8 +1,10 @@
 // Validates custom resources against the schemas of their CRDs: Argo CD's (Application,
-// ApplicationSet, AppProject; npm package @kubernetes-models/argo-cd) and cert-manager's
-// (Certificate, Issuer; @kubernetes-models/cert-manager), both pinned in package.json (`npm ci`
+// ApplicationSet, AppProject; npm package @kubernetes-models/argo-cd), cert-manager's
+// (Certificate, Issuer; @kubernetes-models/cert-manager) and the Prometheus Operator's
+// (PodMonitor; @kubernetes-models/prometheus-operator), all pinned in package.json (`npm ci`
 // here installs them). kubernetes-validate covers core Kubernetes objects only, so
-// tests/test_k8s_manifests.py hands every argoproj.io and cert-manager.io object to this script.
+// tests/test_k8s_manifests.py hands every argoproj.io, cert-manager.io and monitoring.coreos.com
+// object to this script.
 //
 // In: a JSON array of objects on stdin. Out: a JSON array on stdout, one entry per object, in
 // order: {"kind", "name", "errors": [...]} (empty errors: valid). Exit 0 when every object was
@@ -13,11 +15,13 @@ import { ApplicationSet } from "@kubernetes-models/argo-cd/argoproj.io/v1alpha1/
 import { AppProject } from "@kubernetes-models/argo-cd/argoproj.io/v1alpha1/AppProject";
 import { Certificate } from "@kubernetes-models/cert-manager/cert-manager.io/v1/Certificate";
 import { Issuer } from "@kubernetes-models/cert-manager/cert-manager.io/v1/Issuer";
+import { PodMonitor } from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/PodMonitor";
 
 // apiVersion -> kind -> model
 const MODELS = {
   "argoproj.io/v1alpha1": { Application, ApplicationSet, AppProject },
   "cert-manager.io/v1": { Certificate, Issuer },
+  "monitoring.coreos.com/v1": { PodMonitor },
 };
 
 function judge(object) {

@@ -55,6 +55,7 @@ def test_a_broker_is_a_service_and_a_stateful_set_with_a_journal_claim() -> None
         "--host=0.0.0.0",
         "--port=5672",
         "--admin-port=5685",
+        "--metrics-port=9102",
         "--data-dir=/var/lib/enmasse/broker",
         "--routers-only",  # a standard space's broker: its routers only, over mutual TLS
     ]

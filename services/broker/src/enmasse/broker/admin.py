@@ -40,6 +40,7 @@ from enmasse.broker.drain import Drain, DrainRefused, Selection, select
 from enmasse.broker.inbox import InboxAddress
 from enmasse.broker.plan import Plan
 from enmasse.broker.queue import Queue
+from enmasse.broker.topic import Topic
 from enmasse.common.certificates import TlsFiles
 from enmasse.common.credentials import peer_channel
 from enmasse.v1 import broker_pb2, broker_pb2_grpc
@@ -241,39 +242,48 @@ class BrokerAdmin(broker_pb2_grpc.BrokerAdminServicer):
         return broker_pb2.PrepareDrainResponse(token=token)
 
     def _describe_topic(self, name: str) -> broker_pb2.BrokerAddress:
-        topic = self._broker.topics[name]
-        subs = [s.queue for s in topic.subscriptions.values()]
-        return broker_pb2.BrokerAddress(
-            name=name,
-            kind="topic",
-            plan=topic.plan.to_proto(),
-            depth=sum(q.depth for q in subs),
-            bytes=sum(q.bytes for q in subs),
-            consumers=sum(q.consumer_count for q in subs),
-            enqueued=topic.published,
-            dequeued=sum(q.dequeued for q in subs),
-            expired=sum(q.expired for q in subs),
-            dead_lettered=sum(q.dead_lettered for q in subs),
-            dead_letters_held=sum(q.dead_letters_held for q in subs),
-        )
+        return describe_topic(name, self._broker.topics[name])
 
     def _list(self) -> broker_pb2.ListAddressesResponse:
         broker = self._broker
-        out: list[broker_pb2.BrokerAddress] = [
-            describe_queue(q, kind="queue") for q in broker.queues.values()
-        ]
-        for name, topic in broker.topics.items():
-            out.append(self._describe_topic(name))
-            for sub in topic.subscriptions.values():
-                out.append(describe_queue(sub.queue, kind="subscription", durable=sub.durable))
-        out.sort(key=_by_name)
         return broker_pb2.ListAddressesResponse(
-            addresses=out,
+            addresses=list_addresses(broker),
             memory_used_bytes=broker.budget.used,
             memory_limit_bytes=broker.budget.limit,
             journal_live_messages=broker.journal.live_messages if broker.journal else 0,
             client_access_version=self._clients.access.version if self._clients else "",
         )
+
+
+def list_addresses(broker: Broker) -> list[broker_pb2.BrokerAddress]:
+    """Every queue, topic and subscription of the broker, by name (engine thread only)."""
+    out: list[broker_pb2.BrokerAddress] = [
+        describe_queue(q, kind="queue") for q in broker.queues.values()
+    ]
+    for name, topic in broker.topics.items():
+        out.append(describe_topic(name, topic))
+        for sub in topic.subscriptions.values():
+            out.append(describe_queue(sub.queue, kind="subscription", durable=sub.durable))
+    out.sort(key=_by_name)
+    return out
+
+
+def describe_topic(name: str, topic: Topic) -> broker_pb2.BrokerAddress:
+    subs = [s.queue for s in topic.subscriptions.values()]
+    return broker_pb2.BrokerAddress(
+        name=name,
+        kind="topic",
+        plan=topic.plan.to_proto(),
+        depth=sum(q.depth for q in subs),
+        bytes=sum(q.bytes for q in subs),
+        consumers=sum(q.consumer_count for q in subs),
+        enqueued=topic.published,
+        dequeued=sum(q.dequeued for q in subs),
+        expired=sum(q.expired for q in subs),
+        dead_lettered=sum(q.dead_lettered for q in subs),
+        dead_letters_held=sum(q.dead_letters_held for q in subs),
+        in_flight=sum(q.in_flight for q in subs),
+    )
 
 
 def describe_queue(queue: Queue, *, kind: str, durable: bool = False) -> broker_pb2.BrokerAddress:
@@ -289,6 +299,7 @@ def describe_queue(queue: Queue, *, kind: str, durable: bool = False) -> broker_
         expired=queue.expired,
         dead_lettered=queue.dead_lettered,
         dead_letters_held=queue.dead_letters_held,
+        in_flight=queue.in_flight,
         durable=durable,
         draining=queue.hand_off is not None,
     )

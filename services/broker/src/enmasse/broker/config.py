@@ -32,6 +32,7 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 0
     admin_port: int = 0
+    metrics_port: int | None = None  # Prometheus metrics; None: not served
     data_dir: Path | None = None
     # Bytes of one message; a larger delivery is rejected for its producer alone. As much as
     # any plan may allow: a standard space's routers enforce the space's own limit at the edge,

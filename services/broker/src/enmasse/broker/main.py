@@ -2,8 +2,9 @@
 
 Reads flags (and the optional --config YAML of queues and topics), recovers the data directory
 (catalog, then journal), opens the AMQP listener on the shared engine and the BrokerAdmin gRPC
-server on a thread of its own, writes the bound ports to --ports-file (JSON, written atomically:
-tests and `enmasse up` read it), and runs the engine loop on the main thread until SIGTERM/SIGINT.
+server on a thread of its own (and with --metrics-port, Prometheus metrics: `metrics.py`),
+writes the bound ports to --ports-file (JSON, written atomically: tests and `enmasse up` read it),
+and runs the engine loop on the main thread until SIGTERM/SIGINT.
 
 A standard space's broker is rendered with --routers-only: with its certificate (--tls-dir) its
 AMQP port speaks mutual TLS and takes only peers whose client certificate the same CA signed (the
@@ -35,12 +36,15 @@ from enmasse.broker.broker import AddressError, Broker
 from enmasse.broker.config import Settings, load_addresses
 from enmasse.broker.drain import Drain
 from enmasse.broker.handler import Endpoint
+from enmasse.broker.metrics import BrokerMetrics
 from enmasse.broker.queue import Queue
 from enmasse.common.certificates import BROKER, CONTROL_PLANE, OPERATOR, tls_dir_files
 from enmasse.common.logging import configure_logging
+from enmasse.common.metrics import METRICS_PORT, serve_metrics
 from enmasse.common.serving import start_server
 from enmasse.common.tracing import configure_service_tracing
 from enmasse.v1 import broker_pb2_grpc
+from prometheus_client import REGISTRY
 
 log = structlog.get_logger("enmasse.broker")
 
@@ -54,6 +58,12 @@ def parse_settings(argv: list[str] | None) -> Settings:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=5672, help="AMQP port (0: a free one)")
     p.add_argument("--admin-port", type=int, default=0, help="BrokerAdmin gRPC port (0: free)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help=f"Prometheus metrics port (0: free; {METRICS_PORT} in a cluster); none: no metrics",
+    )
     p.add_argument("--data-dir", type=Path, default=None, help="journal + catalog (none: memory)")
     p.add_argument("--config", type=Path, default=None, help="YAML of queues and topics")
     p.add_argument(
@@ -90,6 +100,7 @@ def parse_settings(argv: list[str] | None) -> Settings:
         host=args.host,
         port=args.port,
         admin_port=args.admin_port,
+        metrics_port=args.metrics_port,
         data_dir=args.data_dir,
         max_message_size=args.max_message_size,
         memory_limit_bytes=args.memory_limit,
@@ -221,6 +232,9 @@ def main(argv: list[str] | None = None) -> None:
         clients=endpoint.clients,
     )
     ports["admin"] = start_admin(settings=settings, servicer=servicer)
+    if settings.metrics_port is not None:
+        REGISTRY.register(BrokerMetrics(engine=engine, broker=broker))
+        ports["metrics"] = serve_metrics(host=settings.host, port=settings.metrics_port)
     if settings.ports_file is not None:
         write_ports(settings.ports_file, {**ports, "pid": os.getpid()})
     log.info(

@@ -30,6 +30,7 @@ from typing import TypeVar
 import structlog
 from enmasse.common.certificates import add_tls_dir_argument, tls_dir_files
 from enmasse.common.logging import configure_logging
+from enmasse.common.metrics import add_metrics_port_flag, serve_service_metrics
 from enmasse.common.serving import start_server, until_terminated, write_port_file
 from enmasse.common.tracing import configure_service_tracing
 from enmasse.config.access import GITOPS, Identity
@@ -56,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="enmasse-config", description="ConfigService: the sole owner of the etcd address store"
     )
     parser.add_argument("--listen", default="127.0.0.1:0", help="host:port to serve on")
+    add_metrics_port_flag(parser)
     parser.add_argument("--etcd", default="127.0.0.1:2379", help="etcd endpoints host:port[,..]")
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="etcd key prefix of this store")
     parser.add_argument("--port-file", default=None, help="write the bound port to this file")
@@ -135,6 +137,9 @@ async def serve(args: argparse.Namespace) -> None:
     sys.stdout.flush()
     if args.port_file:
         write_port_file(args.port_file, running.port)
+    metrics_port = serve_service_metrics(listen=args.listen, port=args.metrics_port)
+    if metrics_port is not None:
+        log.info("metrics served", port=metrics_port)
     health = asyncio.create_task(follow_store_health(store, running, service=SERVICE_NAME))
     flush = asyncio.create_task(_flush_audit(servicer))
     sync = _start_sync(args, servicer) if args.manifests_dir else None

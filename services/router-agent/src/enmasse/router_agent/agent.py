@@ -40,6 +40,7 @@ import grpc
 import structlog
 from enmasse.common.certificates import TlsFiles
 from enmasse.common.credentials import TokenSource, config_channel
+from enmasse.common.metrics import LoopMetrics
 from enmasse.resources.client_access import endpoint_users
 from enmasse.resources.discovery import Directory, client_endpoints
 from enmasse.resources.informer import Informer
@@ -107,6 +108,7 @@ class RouterAgent:
         self.spaces: dict[str, SpaceRouting] = {}
         self.sessions: dict[str, dict[str, RouterSession]] = {}
         self.passes = 0
+        self.metrics = LoopMetrics("router-agent")  # each pass timed, failures counted
         self.status_writes = 0
         self._wake = asyncio.Event()
         self._last_probe = 0.0
@@ -153,7 +155,8 @@ class RouterAgent:
                     await self._wake.wait()
             self._wake.clear()
             try:
-                await self.reconcile()
+                with self.metrics.timed_pass():
+                    await self.reconcile()
             except Exception:
                 # One bad pass (a bug, a store hiccup) must not end the agent: next tick retries.
                 log.exception("reconcile pass failed")

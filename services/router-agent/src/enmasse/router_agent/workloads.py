@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from enmasse.common.metrics import METRICS_PORT
 from enmasse.common.ports import unclaimed_port
 from enmasse.resources.rendered_routers import (
     ANNOTATION_INTER_ROUTER_PORT,
@@ -170,6 +171,7 @@ def _pod_spec(*, space: str, router_id: str, image: str) -> dict[str, Any]:
                     f"--port={AMQP_PORT}",
                     f"--inter-router-port={INTER_ROUTER_PORT}",
                     f"--admin-port={ADMIN_PORT}",
+                    f"--metrics-port={METRICS_PORT}",
                     f"--client-auth={CLIENT_AUTH}",
                     f"--mesh-secret-file={MESH_SECRET_DIR}/{MESH_SECRET_KEY}",
                     *amqps_container_arguments(),
@@ -185,6 +187,7 @@ def _pod_spec(*, space: str, router_id: str, image: str) -> dict[str, Any]:
                     {"name": "amqps", "containerPort": AMQPS_PORT},
                     {"name": "inter-router", "containerPort": INTER_ROUTER_PORT},
                     {"name": "admin", "containerPort": ADMIN_PORT},
+                    {"name": "metrics", "containerPort": METRICS_PORT},
                 ],
                 "readinessProbe": health_probe(ADMIN_PORT),
                 "securityContext": {

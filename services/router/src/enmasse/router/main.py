@@ -2,7 +2,9 @@
 
 The engine (one epoll loop) runs on the main thread with its listeners: the client port, the
 client TLS port (amqps, with --tls-cert/--tls-key) and the inter-router port; RouterAdmin
-(grpc.aio) runs on its own thread and posts into the engine. Chosen ports (port 0 picks free ones)
+(grpc.aio) runs on its own thread and posts into the engine; with --metrics-port, Prometheus
+metrics (`metrics.RouterMetrics`, read from the engine on each scrape) are served from a thread of
+their own. Chosen ports (port 0 picks free ones)
 are written as JSON to --ports-file once everything listens, which is how tests and `enmasse up`
 find them. An optional --config file (a RouterConfig in protobuf JSON) is applied before the first
 client can connect; otherwise the router-agent pushes one. SIGTERM / SIGINT stop the engine.
@@ -53,14 +55,17 @@ from enmasse.common.certificates import (
     tls_dir_files,
 )
 from enmasse.common.logging import configure_logging
+from enmasse.common.metrics import METRICS_PORT, serve_metrics
 from enmasse.common.serving import start_server
 from enmasse.common.tracing import configure_service_tracing
 from enmasse.router.access import MeshSecret, MeshSecretError, world_readable
 from enmasse.router.admin import READS, SERVICE_NAME, AdminView, RouterAdminServicer
 from enmasse.router.forwarding import Router
 from enmasse.router.handlers import RouterHandlers
+from enmasse.router.metrics import RouterMetrics
 from enmasse.v1 import router_pb2, router_pb2_grpc
 from google.protobuf import json_format
+from prometheus_client import REGISTRY
 
 log = structlog.get_logger("enmasse.router")
 
@@ -151,6 +156,12 @@ def _warn_of_weak_mesh(*, internal_tls: Tls | None, secret_file: Path | None) ->
 @click.option("--port", default=5672, show_default=True, help="Client AMQP port (0: free port).")
 @click.option("--inter-router-port", default=55672, show_default=True)
 @click.option("--admin-port", default=0, show_default=True, help="RouterAdmin gRPC port.")
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=None,
+    help=f"Prometheus metrics port (0: free port; {METRICS_PORT} in a cluster); none: no metrics.",
+)
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False))
 @click.option("--ports-file", type=click.Path(dir_okay=False))
 @click.option("--idle-timeout", default=16.0, show_default=True, help="Seconds; 0 turns it off.")
@@ -187,6 +198,7 @@ def main(
     port: int,
     inter_router_port: int,
     admin_port: int,
+    metrics_port: int | None,
     config_path: str | None,
     ports_file: str | None,
     idle_timeout: float,
@@ -275,6 +287,9 @@ def main(
     if not ready.wait(30):
         raise click.ClickException("RouterAdmin did not start within 30 s")
     ports["admin"] = bound[0]
+    if metrics_port is not None:
+        REGISTRY.register(RouterMetrics(engine=engine, router=router))
+        ports["metrics"] = serve_metrics(host=host, port=metrics_port)
     if ports_file:
         _write_ports(Path(ports_file), ports)
     log.info("router listening", router=router_id, **ports)

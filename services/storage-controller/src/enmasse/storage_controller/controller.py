@@ -58,6 +58,7 @@ import grpc
 import structlog
 from enmasse.common.certificates import TlsFiles
 from enmasse.common.credentials import TokenSource, config_channel, peer_channel
+from enmasse.common.metrics import LoopMetrics
 from enmasse.common.ports import unclaimed_port
 from enmasse.resources.contracts import ACTIVE, STORED_TYPES, SUBSCRIPTION_SEPARATOR
 from enmasse.resources.discovery import LOOPBACK, BrokerEndpoint, Directory
@@ -182,6 +183,7 @@ class StorageController:
         )
         self.placements: dict[str, Placement] = {}
         self.passes = 0
+        self.metrics = LoopMetrics("storage-controller")  # per space: timed, failures
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self._known: dict[str, dict[str, _Known]] = {}
@@ -220,12 +222,15 @@ class StorageController:
             self._wake.clear()
             for space in sorted(spaces):
                 try:
-                    if not await self.reconcile_space(space):
+                    with self.metrics.timed_pass():
+                        settled = await self.reconcile_space(space)
+                    if not settled:
                         self._dirty.add(space)
                 except Exception:
                     log.exception("reconcile failed; retrying", space=space)
                     self._dirty.add(space)
             self.passes += 1
+            self.metrics.waiting(len(self._dirty))
             if self._hurry:
                 self._hurry = False  # work was cut into slices: the next slice at once
             elif self._dirty:

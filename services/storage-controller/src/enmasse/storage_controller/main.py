@@ -19,6 +19,7 @@ import structlog
 from enmasse.common.certificates import add_tls_dir_argument, tls_dir_files
 from enmasse.common.credentials import token_file_source
 from enmasse.common.logging import configure_logging
+from enmasse.common.metrics import add_metrics_port_flag, serve_service_metrics
 from enmasse.common.serving import start_server, until_terminated
 from enmasse.common.tracing import configure_service_tracing
 from enmasse.resources.discovery import LocalDirectory
@@ -62,6 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the local runtime's state: brokers' ports files under <var>/brokers/",
     )
     parser.add_argument("--listen", default="127.0.0.1:0", help="host:port for gRPC health")
+    add_metrics_port_flag(parser)
     parser.add_argument("--resync", type=float, default=1.0, help="seconds between retries")
     # Write-back (gitops_writeback.py): with a remote, --gitops-dir is its working copy and every
     # render that changed files is committed and pushed. k8s passes the remote in the env.
@@ -102,6 +104,9 @@ async def serve(args: argparse.Namespace) -> None:
         registrations=[], host=host or "127.0.0.1", port=int(port or 0), tls=tls
     )
     log.info("serving", port=running.port, config=args.config, gitops_dir=str(args.gitops_dir))
+    metrics_port = serve_service_metrics(listen=args.listen, port=args.metrics_port)
+    if metrics_port is not None:
+        log.info("metrics served", port=metrics_port)
     writeback = await _start_writeback(args, controller)
     controller.start()
     await until_terminated()

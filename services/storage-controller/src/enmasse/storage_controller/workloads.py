@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+from enmasse.common.metrics import METRICS_PORT
 from enmasse.resources.rendered_brokers import (
     ANNOTATION_KIND,
     ANNOTATION_OWNER,
@@ -181,6 +182,7 @@ def _pod_spec(image: str, *, name: str, routers_only: bool) -> dict[str, Any]:
                     "--host=0.0.0.0",
                     f"--port={AMQP_PORT}",
                     f"--admin-port={ADMIN_PORT}",
+                    f"--metrics-port={METRICS_PORT}",
                     f"--data-dir={DATA_DIR}",
                     *serves,
                 ],
@@ -188,6 +190,7 @@ def _pod_spec(image: str, *, name: str, routers_only: bool) -> dict[str, Any]:
                     {"name": "amqp", "containerPort": AMQP_PORT},
                     *client_port,
                     {"name": "admin", "containerPort": ADMIN_PORT},
+                    {"name": "metrics", "containerPort": METRICS_PORT},
                 ],
                 "readinessProbe": health_probe(ADMIN_PORT),
                 "securityContext": {

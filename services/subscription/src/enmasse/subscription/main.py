@@ -18,6 +18,7 @@ import structlog
 from enmasse.common.certificates import add_tls_dir_argument, tls_dir_files
 from enmasse.common.credentials import token_file_source
 from enmasse.common.logging import configure_logging
+from enmasse.common.metrics import add_metrics_port_flag, serve_service_metrics
 from enmasse.common.serving import start_server, until_terminated, write_port_file
 from enmasse.common.tracing import configure_service_tracing
 from enmasse.resources.discovery import LocalDirectory
@@ -34,6 +35,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Durable subscriptions of standard spaces: which broker holds each",
     )
     parser.add_argument("--listen", default="127.0.0.1:0", help="host:port to serve on")
+    add_metrics_port_flag(parser)
     parser.add_argument("--config", required=True, help="host:port of the config service")
     parser.add_argument(
         "--token-file",
@@ -82,6 +84,9 @@ async def serve(args: argparse.Namespace) -> None:
     sys.stdout.flush()
     if args.port_file:
         write_port_file(args.port_file, running.port)
+    metrics_port = serve_service_metrics(listen=args.listen, port=args.metrics_port)
+    if metrics_port is not None:
+        log.info("metrics served", port=metrics_port)
     await until_terminated()
     log.info("stopping")
     await running.stop(grace=1.0)

@@ -35,6 +35,7 @@ from enmasse.amqp.engine import Terminus, Tls
 from enmasse.amqp.tls import mutual_tls
 from enmasse.common.certificates import TlsFiles
 from enmasse.common.credentials import TokenSource, config_channel, peer_channel
+from enmasse.common.metrics import LoopMetrics
 from enmasse.resources.discovery import BrokerEndpoint, Directory
 from enmasse.resources.informer import Informer
 from enmasse.resources.kinds import object_of
@@ -92,6 +93,7 @@ class DurableSubscriptions:
         self.made: dict[TopicKey, str] = {}  # subscription address -> the broker holding it
         self._not_yet: dict[TopicKey, str] = {}
         self._wake = asyncio.Event()
+        self.metrics = LoopMetrics("subscription")  # each pass timed, failures counted
         self._task: asyncio.Task[None] | None = None
 
     def _changed(self, _resource: resources_pb2.Resource) -> None:
@@ -281,7 +283,8 @@ class DurableSubscriptions:
                     await self._wake.wait()
             self._wake.clear()
             try:
-                await self.ensure_subscription_addresses()
+                with self.metrics.timed_pass():
+                    await self.ensure_subscription_addresses()
             except Exception:
                 log.exception("subscription addresses pass failed")
 
