@@ -1,7 +1,7 @@
 """The MQTT codec and the mapping, pure: CONNECT of both levels read back, MQTT 5 properties
 through PUBLISH and back, the QoS 2 acknowledgements both ways, topic aliases, every way a
-packet is malformed named with its reason code, topic filters sorted into served, refused
-(wildcards) and invalid."""
+packet is malformed named with its reason code, topic filters sorted into served (wildcards
+and shared ones too) and invalid."""
 
 from __future__ import annotations
 
@@ -116,12 +116,17 @@ def test_a_311_subscribe_has_no_properties() -> None:
     ("topic_filter", "problem"),
     [
         ("sensors/kitchen", None),
-        ("sensors/+", mapping.WILDCARDS_NOT_SUPPORTED),
-        ("#", mapping.WILDCARDS_NOT_SUPPORTED),
+        ("sensors/+", None),
+        ("#", None),
         ("sensors/#/x", mapping.TOPIC_FILTER_INVALID),
         ("sensors/k+", mapping.TOPIC_FILTER_INVALID),
         ("", mapping.TOPIC_FILTER_INVALID),
-        ("$share/g/sensors", 0x9E),
+        ("$share/g/sensors", None),
+        ("$share/g/sensors/+", None),
+        ("$share/g/sensors/k#", mapping.TOPIC_FILTER_INVALID),
+        ("$share/g/", mapping.TOPIC_FILTER_INVALID),  # no filter
+        ("$share//sensors", mapping.TOPIC_FILTER_INVALID),  # no group
+        ("$share/g+/sensors", mapping.TOPIC_FILTER_INVALID),  # a wildcard in the group
     ],
 )
 def test_topic_filters(topic_filter: str, problem: int | None) -> None:

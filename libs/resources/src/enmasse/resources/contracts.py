@@ -135,3 +135,20 @@ def dynamic_owner(address: str) -> str | None:
         return None
     owner, slash, rest = address[len(DYNAMIC_PREFIX) :].partition("/")
     return owner if owner and slash and rest else None
+
+
+WILL_ADDRESS = "mqtt/wills"
+"""The queue of a standard space that holds its clients' wills (the MQTT gateway's will service
+reads and writes it; an AMQP client registers a will by attaching a sender to it and sending
+the will, `WILL_CLIENT` naming its container id and `WILL_TARGET` where it goes)."""
+
+WILL_CLIENT, WILL_TARGET = "will_client", "will_address"
+
+LOST_CONNECTIONS = "$lwt"
+"""The router's own source of connection notices: a receiver attached to it (by a connection
+with full access: the will service) gets one message per ended client connection that had
+attached a sender to `WILL_ADDRESS`, with application properties `LOST_CONTAINER` (the
+connection's container id) and `LOST_CLEAN` (true: closed without an error, so its will is
+dropped; false: lost, so its will is published)."""
+
+LOST_CONTAINER, LOST_CLEAN = "container", "clean"

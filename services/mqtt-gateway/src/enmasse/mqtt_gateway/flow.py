@@ -11,9 +11,10 @@ packet id stays in `Incoming` from the PUBLISH until the client's PUBREL, so a P
 the same id in between (DUP after a lost PUBREC) is answered, not forwarded again (MQTT 5 4.3.3).
 An outbound QoS 2 delivery stays unsettled at the router until the client's PUBCOMP, so the router
 network, not the gateway, holds the message until the exchange is over. This state is in memory,
-per connection: a client that reconnects starts with none (persistent sessions are a later item
-of #17). The receive maximums bound both directions: `Incoming.limit` is the gateway's own (in its
-CONNACK), `Outbox.limit` the client's (in its CONNECT).
+per connection: a client that reconnects starts with none (a persistent session keeps its
+subscriptions on the brokers, `persistence.py`, not these packet ids). The receive maximums
+bound both directions: `Incoming.limit` is the gateway's own (in its CONNACK), `Outbox.limit`
+the client's (in its CONNECT).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class Incoming:
 class Flight:
     """A QoS 1 or 2 PUBLISH the gateway sent the client: the router's delivery it settles."""
 
-    delivery: Delivery
+    delivery: Delivery | None  # None: a retained message, read from the store (nothing to settle)
     qos: int
     released: bool = False  # QoS 2: PUBREC came, PUBREL sent; waits for PUBCOMP
 

@@ -12,7 +12,10 @@ import contextlib
 
 import structlog
 from enmasse.amqp.engine import Engine
+from enmasse.mqtt_gateway.persistence import Connected, Sessions
+from enmasse.mqtt_gateway.retained import RetainedStore
 from enmasse.mqtt_gateway.session import RouterAddress, Session
+from enmasse.mqtt_gateway.wills import Wills
 
 log = structlog.get_logger("enmasse.mqtt_gateway")
 
@@ -20,9 +23,21 @@ log = structlog.get_logger("enmasse.mqtt_gateway")
 class Gateway:
     """MQTT over TCP on `host:port` (0: a free port, read back from `port`)."""
 
-    def __init__(self, *, engine: Engine, router: RouterAddress) -> None:
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        router: RouterAddress,
+        sessions: Sessions | None = None,
+        retained: RetainedStore | None = None,
+        wills: Wills | None = None,
+    ) -> None:
         self.engine = engine
         self.router = router
+        self.retained = retained  # retained messages (retained.py); None: not kept
+        self.wills = wills  # the will service (wills.py); None: wills not kept
+        self.records = sessions  # persistent sessions' records; None: no session is kept
+        self.connected = Connected()  # a client id connects once: a second takes it over
         self.sessions: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
 
@@ -32,7 +47,16 @@ class Gateway:
         return bound
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        session = Session(reader=reader, writer=writer, engine=self.engine, router=self.router)
+        session = Session(
+            reader=reader,
+            writer=writer,
+            engine=self.engine,
+            router=self.router,
+            sessions=self.records,
+            connected=self.connected,
+            retained=self.retained,
+            wills=self.wills,
+        )
         task = asyncio.current_task()
         assert task is not None
         self.sessions.add(task)

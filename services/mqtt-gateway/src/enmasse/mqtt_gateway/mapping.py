@@ -10,10 +10,9 @@ Why so: a topic is an address of the space, verbatim (`sensors/kitchen` is the a
 names. QoS 0 becomes a pre-settled transfer, QoS 1 and 2 an unsettled, durable one (QoS 2's
 exactly-once is kept by the gateway's packet-id state, `flow.py`: AMQP has no QoS to carry); a
 subscriber gets a delivery at its granted QoS when the router wants an outcome for it or the
-message is durable, else (pre-settled and not durable: sent at most once) at QoS 0. The router
-matches no address patterns for receivers yet, so a topic filter with `+` or `#` is refused
-(MQTT 5 0xA2, "wildcard subscriptions not supported"; 3.1.1 0x80) rather than matching one
-literal address.
+message is durable, else (pre-settled and not durable: sent at most once) at QoS 0. A topic
+filter with `+` or `#`, and a shared one (`$share/group/filter`), is matched by the router
+against the space's multicast and topic addresses, those created later included (`filters.py`).
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from typing import Any
 
 from enmasse.amqp import codec
 from enmasse.amqp.engine import Condition, Outcome
+from enmasse.mqtt_gateway.filters import share_of, share_problem
 from enmasse.mqtt_gateway.packets import (
     CONTENT_TYPE,
     CORRELATION_DATA,
@@ -43,10 +43,13 @@ TOPIC_NAME_INVALID = 0x90
 PACKET_TOO_LARGE = 0x95
 QUOTA_EXCEEDED = 0x97
 UNSUPPORTED_VERSION = 0x84
-WILDCARDS_NOT_SUPPORTED = 0xA2
 NO_SUBSCRIPTION_EXISTED = 0x11
 CLIENT_ID_NOT_VALID = 0x85
 KEEP_ALIVE_TIMEOUT = 0x8D
+
+RETAIN_ANNOTATION = "x-opt-mqtt-retain"
+"""The message annotation that carries a PUBLISH's retain flag through the router network, for
+subscribers that asked for retain-as-published (`retained.py`)."""
 
 # CONNACK return codes of MQTT 3.1.1 for the MQTT 5 reasons a login can fail with (3.2.2.3).
 _CONNACK_3_1_1 = {
@@ -110,6 +113,9 @@ def address_of_topic(topic: str) -> str:
 
 def filter_problem(topic_filter: str) -> int | None:
     """Why a topic filter cannot be subscribed to (an MQTT 5 reason), or None when it can."""
+    if share_problem(topic_filter):
+        return TOPIC_FILTER_INVALID
+    topic_filter = share_of(topic_filter)[1]
     if not topic_filter:
         return TOPIC_FILTER_INVALID
     levels = topic_filter.split("/")
@@ -117,10 +123,6 @@ def filter_problem(topic_filter: str) -> int | None:
         misplaced_hash = "#" in level and (level != "#" or i != len(levels) - 1)
         if ("+" in level and level != "+") or misplaced_hash:
             return TOPIC_FILTER_INVALID
-    if "+" in levels or "#" in levels:
-        return WILDCARDS_NOT_SUPPORTED
-    if topic_filter.startswith("$share/"):
-        return 0x9E  # shared subscriptions not supported (yet)
     return None
 
 
@@ -129,7 +131,7 @@ def suback_code(reason: int, *, level: int) -> int:
     return reason if level >= MQTT_5 else 0x80
 
 
-def message_of(payload: bytes, *, qos: int, properties: Properties) -> bytes:
+def message_of(payload: bytes, *, qos: int, properties: Properties, retain: bool = False) -> bytes:
     """The AMQP message a PUBLISH becomes: the payload as a data section, durable from QoS 1,
     and the MQTT 5 properties that have an AMQP field (expiry -> ttl, content type, response
     topic -> reply-to, correlation data, user properties -> application properties)."""
@@ -147,6 +149,7 @@ def message_of(payload: bytes, *, qos: int, properties: Properties) -> bytes:
         reply_to=properties.get(RESPONSE_TOPIC),
         properties=fields or None,
         application_properties=dict(user) if user else None,
+        message_annotations={RETAIN_ANNOTATION: True} if retain else None,
     )
 
 

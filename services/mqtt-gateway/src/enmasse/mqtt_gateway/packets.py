@@ -56,6 +56,7 @@ RECEIVE_MAXIMUM = 0x21
 TOPIC_ALIAS_MAXIMUM = 0x22
 TOPIC_ALIAS = 0x23
 SERVER_KEEP_ALIVE = 0x13
+SESSION_EXPIRY = 0x11
 MAXIMUM_PACKET_SIZE = 0x27
 WILDCARD_AVAILABLE = 0x28
 SHARED_AVAILABLE = 0x2A
@@ -156,6 +157,8 @@ class PingReq:
 @dataclass(frozen=True)
 class Disconnect:
     reason: int = 0
+    # MQTT 5: session expiry, reason string; not compared (a DISCONNECT is known by its reason)
+    properties: Properties = field(default_factory=dict, compare=False)
 
 
 Packet = (
@@ -375,7 +378,8 @@ def decode(first: int, body: bytes, *, level: int) -> Packet:
         return PingReq()
     if kind == DISCONNECT and flags == 0:
         reason = r.byte() if level >= MQTT_5 and r.remaining() else 0
-        return Disconnect(reason)
+        properties = r.properties(level) if level >= MQTT_5 and r.remaining() else {}
+        return Disconnect(reason, properties)
     if kind == CONNECT:
         raise MalformedPacket("a second CONNECT", reason=PROTOCOL_ERROR)
     if kind == AUTH:
@@ -467,8 +471,10 @@ def _packet(first: int, body: bytes) -> bytes:
     return bytes([first]) + _varint(len(body)) + body
 
 
-def encode_connack(*, level: int, code: int, properties: Properties | None = None) -> bytes:
-    body = bytes([0, code])
+def encode_connack(
+    *, level: int, code: int, properties: Properties | None = None, session_present: bool = False
+) -> bytes:
+    body = bytes([1 if session_present else 0, code])
     if level >= MQTT_5:
         body += _properties(properties or {})
     return _packet(CONNACK << 4, body)

@@ -16,20 +16,24 @@ each subscription gives the router), the gateway's bounds the client's; a messag
 client's maximum packet size is not sent to it. Bad input ends this client only:
 a malformed packet closes it (MQTT 5: DISCONNECT 0x81 first), nothing else in the process sees
 it. Order: packets are read and acted on one at a time, so sends to one address keep the order
-they were published in; waiting for an outcome never holds up reading.
+they were published in; waiting for an outcome never holds up reading. A persistent session
+keeps nothing here either: its subscriptions are durable ones on the brokers and its record is
+in a queue of the space (`persistence.py`), written before the SUBACK or UNSUBACK.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import uuid
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from enmasse.amqp.engine import Condition, Delivery, Engine, Link, Outcome
-from enmasse.mqtt_gateway import mapping
+from enmasse.mqtt_gateway import filters, mapping, retained, wills
 from enmasse.mqtt_gateway.flow import (
     PACKET_ID_NOT_FOUND,
     Flight,
@@ -46,10 +50,9 @@ from enmasse.mqtt_gateway.packets import (
     RECEIVE_MAXIMUM,
     RETAIN_AVAILABLE,
     SERVER_KEEP_ALIVE,
-    SHARED_AVAILABLE,
+    SESSION_EXPIRY,
     TOPIC_ALIAS,
     TOPIC_ALIAS_MAXIMUM,
-    WILDCARD_AVAILABLE,
     Connect,
     Disconnect,
     MalformedPacket,
@@ -76,7 +79,18 @@ from enmasse.mqtt_gateway.packets import (
     encode_unsuback,
     read_packet,
 )
+from enmasse.mqtt_gateway.persistence import (
+    SESSION_TAKEN_OVER,
+    Connected,
+    Persistence,
+    Sessions,
+    SessionUnavailable,
+    session_expiry,
+)
+from enmasse.mqtt_gateway.retained import RetainedStore
+from enmasse.mqtt_gateway.store import StoreUnavailable
 from enmasse.mqtt_gateway.uplink import Refused, Sent, Uplink
+from enmasse.mqtt_gateway.wills import Wills
 
 log = structlog.get_logger("enmasse.mqtt_gateway")
 
@@ -116,6 +130,7 @@ class Subscription:
     topic: str
     qos: int
     link: Link | None = None
+    pattern: filters.Pattern | None = None  # one address of a wildcard or shared filter
 
 
 class Session:
@@ -128,7 +143,20 @@ class Session:
         writer: asyncio.StreamWriter,
         engine: Engine,
         router: RouterAddress,
+        sessions: Sessions | None = None,
+        connected: Connected | None = None,
+        retained: RetainedStore | None = None,
+        wills: Wills | None = None,
     ) -> None:
+        self.sessions = sessions  # the space's session records (persistence.py); None: none kept
+        self.persistence: Persistence | None = None
+        self.connected = connected  # the gateway's client ids: one connection each
+        self.retained = retained  # the space's retained messages (retained.py); None: not kept
+        self.wills = wills  # the will service (wills.py); None: wills are not kept
+        self.will: tuple[str, int, float] | None = None  # stored: (key, stamp, delay seconds)
+        self.disconnect_reason: int | None = None  # None: the client sent no DISCONNECT
+        self._retain_as_published: set[str] = set()  # topic filters subscribed with it
+        self._retained_due: list[tuple[str, int]] = []  # (filter, granted QoS) after SUBACK
         self.reader = reader
         self.writer = writer
         self.engine = engine
@@ -138,6 +166,9 @@ class Session:
         self.uplink: Uplink | None = None
         self.senders: dict[str, Link] = {}
         self.subscriptions: dict[str, Subscription] = {}
+        self.wildcards = filters.Wildcards(
+            new_member=lambda address, qos, pattern: Subscription(address, qos, pattern=pattern)
+        )
         self.outbox = Outbox(limit=65535)
         self.incoming = Incoming(limit=65535)  # MQTT 5: INBOUND_WINDOW
         self.aliases_in = InboundAliases(maximum=0)
@@ -188,8 +219,8 @@ class Session:
         if connect.password is not None and connect.username is None:
             raise MalformedPacket("password without a user name")
         if not connect.client_id and not connect.clean_start:
-            # Nothing to resume a session by (3.1.1 3.1.3-8; MQTT 5 would assign one, but
-            # sessions are not kept yet, so the client is told rather than silently given none).
+            # Nothing to resume a session by (3.1.1 3.1.3-8; MQTT 5 would assign one, which
+            # the gateway does not yet, so the client is told rather than silently given none).
             self._refuse_connect(mapping.CLIENT_ID_NOT_VALID)
             return False
         self.uplink = Uplink(engine=self.engine, on_delivery=self._deliver, on_lost=self._on_lost)
@@ -210,12 +241,55 @@ class Session:
             log.warning("router did not answer the login", router=self.router.port)
             self._refuse_connect(mapping.SERVER_UNAVAILABLE)
             return False
+        if self.connected is not None:  # logged in: it may take its client id over
+            self.connected.claim(connect.client_id, self)
+        self.persistence = Persistence(
+            sessions=self.sessions, client_id=connect.client_id, expiry=session_expiry(connect)
+        )
+        try:
+            resumed = await self.persistence.begin(
+                clean_start=connect.clean_start, uplink=self.uplink
+            )
+        except SessionUnavailable as error:
+            log.warning("session store unavailable", client=self.client_id, error=str(error))
+            self._refuse_connect(mapping.SERVER_UNAVAILABLE)
+            return False
+        if not await self._keep_will(connect):
+            return False
         limits = self._limits()
         if granted != connect.keep_alive:
             limits[SERVER_KEEP_ALIVE] = granted
-        self.writer.write(encode_connack(level=self.level, code=0, properties=limits))
+        if self.persistence.expiry != session_expiry(connect):
+            limits[SESSION_EXPIRY] = self.persistence.expiry  # no session store: none kept
+        self.writer.write(
+            encode_connack(
+                level=self.level, code=0, properties=limits, session_present=resumed is not None
+            )
+        )
         log.info("mqtt client connected", client=self.client_id, user=connect.username)
+        await self._resume(resumed or {})
         return True
+
+    async def _resume(self, resumed: dict[str, int]) -> None:
+        """A persistent session's subscriptions, attached again after the CONNACK: what their
+        durable subscriptions kept while the client was away comes now. One refused now (the
+        right or the address gone) stays in the session, without a link."""
+        for topic, qos in resumed.items():
+            try:
+                await self._receive(topic, qos)
+            except Refused as refused:
+                log.info("subscription not resumed", client=self.client_id, why=str(refused))
+                self.subscriptions[topic] = Subscription(topic, qos)
+
+    async def _persist(self) -> None:
+        """Writes the session's subscriptions to its record (a persistent session only)."""
+        if self.persistence is None:
+            return
+        qos = {topic: subscription.qos for topic, subscription in self.subscriptions.items()}
+        try:
+            await self.persistence.save(qos)
+        except SessionUnavailable as error:
+            log.warning("session not recorded", client=self.client_id, error=str(error))
 
     def _keep_alive(self, connect: Connect) -> int:
         """The keep-alive the client is held to: its own, or (MQTT 5, which can tell the client
@@ -245,9 +319,7 @@ class Session:
         return {
             RECEIVE_MAXIMUM: INBOUND_WINDOW,
             TOPIC_ALIAS_MAXIMUM: TOPIC_ALIASES,
-            RETAIN_AVAILABLE: 0,
-            WILDCARD_AVAILABLE: 0,
-            SHARED_AVAILABLE: 0,
+            RETAIN_AVAILABLE: int(self.retained is not None),
             MAXIMUM_PACKET_SIZE: self.router.max_packet_size,
         }
 
@@ -263,6 +335,9 @@ class Session:
                 first, body = await read_packet(self.reader, max_size=self.router.max_packet_size)
             packet = decode(first, body, level=self.level)
             if isinstance(packet, Disconnect):
+                if self.persistence is not None:
+                    self.persistence.expire_after(packet.properties.get(SESSION_EXPIRY))
+                self.disconnect_reason = packet.reason
                 return
             await self._handle(packet)
             if self.writer.transport.get_write_buffer_size() > 64 * 1024:
@@ -280,7 +355,7 @@ class Session:
         elif isinstance(packet, Subscribe):
             await self._subscribe(packet)
         elif isinstance(packet, Unsubscribe):
-            self._unsubscribe(packet)
+            await self._unsubscribe(packet)
         elif isinstance(packet, PingReq):
             self.writer.write(encode_pingresp())
 
@@ -300,10 +375,13 @@ class Session:
         except Refused as refused:
             self._publish_failed(publish, refused.condition)
             return
-        message = mapping.message_of(publish.payload, qos=qos, properties=publish.properties)
+        message = mapping.message_of(
+            publish.payload, qos=qos, properties=publish.properties, retain=publish.retain
+        )
         sent = self.uplink.send(link, message, settled=qos == 0) if self.uplink else None
+        kept = self._retain(publish, address)
         if sent is not None and publish.packet_id is not None:
-            self._spawn(self._acknowledge(publish, sent))
+            self._spawn(self._acknowledge(publish, sent, kept))
 
     async def _sender(self, address: str) -> Link:
         link = self.senders.get(address)
@@ -313,11 +391,20 @@ class Session:
             self.senders[address] = link
         return link
 
-    async def _acknowledge(self, publish: Publish, sent: asyncio.Future[Sent]) -> None:
+    async def _acknowledge(
+        self,
+        publish: Publish,
+        sent: asyncio.Future[Sent],
+        kept: asyncio.Task[str | None] | None = None,
+    ) -> None:
         try:
             result = await sent
         except Refused as refused:
             self._publish_failed(publish, refused.condition)
+            return
+        unkept = await asyncio.shield(kept) if kept is not None else None
+        if unkept is not None:  # delivered, but not kept as the topic's retained message
+            self._publish_failed(publish, Condition("amqp:internal-error", unkept))
             return
         reason = mapping.outcome_reason(result.outcome, result.error)
         packet_id = publish.packet_id
@@ -371,6 +458,7 @@ class Session:
                 codes.append(mapping.suback_code(problem, level=self.level))
                 continue
             granted = options & 0x03
+            existed = topic_filter in self.subscriptions
             try:
                 await self._receive(topic_filter, granted)
             except Refused as refused:
@@ -380,29 +468,40 @@ class Session:
                     reasons.append(refused.condition.description)
                 continue
             codes.append(granted)
+            self._want_retained(topic_filter, options, existed=existed)
+        await self._persist()  # before the SUBACK: a subscription granted is one recorded
         self.writer.write(
             encode_suback(subscribe.packet_id, codes, level=self.level, text="; ".join(reasons))
         )
+        self._send_retained()
 
     async def _receive(self, topic: str, qos: int) -> None:
         existing = self.subscriptions.get(topic)
         if existing is not None:
             existing.qos = qos  # a repeated SUBSCRIBE replaces the QoS, keeps the link
+            self.wildcards.requalify(topic, qos)
             return
         assert self.uplink is not None
+        if filters.needs_pattern(topic):  # through the router's pattern matching
+            link = await self.wildcards.subscribe(self.uplink, topic, qos, window=self.window)
+            self.subscriptions[topic] = Subscription(topic, qos, link=link)
+            return
         subscription = Subscription(topic, qos)
+        durable = self.persistence.link_of(topic) if self.persistence else {}
         subscription.link = await self.uplink.attach_receiver(
-            topic, receiver=subscription, credit=self.window
+            topic, receiver=subscription, credit=self.window, **durable
         )
         self.subscriptions[topic] = subscription
 
-    def _unsubscribe(self, unsubscribe: Unsubscribe) -> None:
+    async def _unsubscribe(self, unsubscribe: Unsubscribe) -> None:
         codes = []
         for topic in unsubscribe.filters:
             subscription = self.subscriptions.pop(topic, None)
+            self.wildcards.leave(self.uplink, topic)
             if subscription is not None and subscription.link is not None and self.uplink:
                 self.uplink.detach(subscription.link)
             codes.append(0 if subscription is not None else mapping.NO_SUBSCRIPTION_EXISTED)
+        await self._persist()  # before the UNSUBACK, as for SUBSCRIBE
         self.writer.write(encode_unsuback(unsubscribe.packet_id, codes, level=self.level))
 
     # -- from the router --
@@ -413,7 +512,10 @@ class Session:
         else at QoS 0: a pre-settled, non-durable message was sent at most once."""
         if self._lost.is_set() or self.uplink is None:
             return
-        if self.subscriptions.get(subscription.topic) is not subscription:
+        if isinstance(subscription, filters.Pattern):  # the router: an address matches or not
+            self.wildcards.announced(self.uplink, subscription, delivery)
+            return
+        if not self._subscribed(subscription):
             self.uplink.settle(delivery, Outcome.RELEASED, credit=0)
             return
         qos = subscription.qos if not delivery.pre_settled or delivery.durable else 0
@@ -424,6 +526,12 @@ class Session:
             return
         self._publish_to_client(subscription, delivery, qos=qos)
 
+    def _subscribed(self, subscription: Subscription) -> bool:
+        """True while the client still holds the subscription a delivery came for."""
+        if subscription.pattern is not None:
+            return subscription.pattern.holds(subscription)
+        return self.subscriptions.get(subscription.topic) is subscription
+
     def _publish_to_client(
         self, subscription: Subscription, delivery: Delivery, *, qos: int
     ) -> None:
@@ -433,6 +541,7 @@ class Session:
             topic=topic,
             payload=mapping.payload_of(delivery.payload),
             qos=qos,
+            retain=self._retained_flag(subscription, delivery),
             packet_id=packet_id,
             properties={TOPIC_ALIAS: alias} if alias is not None else {},
         )
@@ -494,17 +603,20 @@ class Session:
         """Room in the client's receive maximum again: the oldest held deliveries go out."""
         while self._held and not self.outbox.full() and self.uplink is not None:
             subscription, delivery = self._held.popleft()
-            if self.subscriptions.get(subscription.topic) is not subscription:
+            if not self._subscribed(subscription):
                 self.uplink.settle(delivery, Outcome.RELEASED, credit=0)
                 continue
             self._publish_to_client(subscription, delivery, qos=subscription.qos)
 
     def _settle(
-        self, delivery: Delivery, outcome: Outcome, *, undeliverable_here: bool = False
+        self, delivery: Delivery | None, outcome: Outcome, *, undeliverable_here: bool = False
     ) -> None:
         """Settles at the router and gives the link its credit back, unless the client is
-        behind in reading: then the credit waits until its socket has drained."""
+        behind in reading: then the credit waits until its socket has drained. (None: a
+        retained message from the store, which has nothing to settle.)"""
         assert self.uplink is not None
+        if delivery is None:
+            return
         if self.writer.transport.get_write_buffer_size() <= HIGH_WATER:
             self.uplink.settle(delivery, outcome, undeliverable_here=undeliverable_here)
             return
@@ -520,6 +632,15 @@ class Session:
             for delivery in owed:
                 self.uplink.flow(delivery.link, 1)
 
+    def taken_over(self) -> None:
+        """Another connection of the same client id logged in to this gateway: this one ends
+        (MQTT 5: DISCONNECT 0x8E), as if the client had gone without a DISCONNECT."""
+        log.info("mqtt session taken over", client=self.client_id)
+        if self.level >= MQTT_5 and not self._lost.is_set():
+            self.writer.write(encode_disconnect(SESSION_TAKEN_OVER, text="session taken over"))
+        self._lost.set()
+        self.writer.close()
+
     def _on_lost(self, condition: Condition | None) -> None:
         """The router closed the client's connection (it went away, or a rule change)."""
         log.info("router connection lost", client=self.client_id, condition=str(condition))
@@ -527,6 +648,98 @@ class Session:
             self.writer.write(encode_disconnect(mapping.SERVER_UNAVAILABLE, text=str(condition)))
         self._lost.set()
         self.writer.close()
+
+    # -- retained messages and wills (retained.py, wills.py) --
+
+    def _retain(self, publish: Publish, address: str) -> asyncio.Task[str | None] | None:
+        """A retained PUBLISH the router let the user send: kept as its topic's value (an
+        empty one clears it). The task gives why it was not kept, or None."""
+        if not publish.retain or self.retained is None:
+            return None
+        return self.retained.keep_soon(publish, topic=address)
+
+    def _want_retained(self, topic_filter: str, options: int, *, existed: bool) -> None:
+        """Notes what a granted filter asked for: retain-as-published, and (by its retain
+        handling; never for a shared subscription, MQTT 5 4.8.2) the retained messages now."""
+        if self.retained is None:
+            return
+        wanted = retained.Options.of(options if self.level >= MQTT_5 else 0)
+        if wanted.retain_as_published:
+            self._retain_as_published.add(topic_filter)
+        else:
+            self._retain_as_published.discard(topic_filter)
+        if wanted.sends_on_subscribe(existed=existed) and not topic_filter.startswith("$share/"):
+            self._retained_due.append((topic_filter, options & 0x03))
+
+    def _send_retained(self) -> None:
+        due, self._retained_due = self._retained_due, []
+        if due:
+            self._spawn(self._retained_to_client(due))
+
+    async def _retained_to_client(self, due: list[tuple[str, int]]) -> None:
+        """The retained messages of newly subscribed filters, after the SUBACK, retain set. At
+        QoS 0 once the client's receive maximum is used up: they stay in the store anyway."""
+        assert self.retained is not None
+        for topic_filter, granted in due:
+            try:
+                found = await self.retained.matching(topic_filter)
+            except StoreUnavailable as error:
+                log.warning("retained messages not read", filter=topic_filter, why=str(error))
+                continue
+            for entry in found:
+                publish = retained.publish_of(entry, granted=granted)
+                qos = publish.qos if not self.outbox.full() else 0
+                packet_id = self.outbox.next_id() if qos else None
+                packet = encode_publish(
+                    dataclasses.replace(publish, qos=qos, packet_id=packet_id), level=self.level
+                )
+                if self.max_outbound_packet is not None and len(packet) > self.max_outbound_packet:
+                    continue  # over the client's maximum: not for this client (3.1.2.11.4)
+                self.writer.write(packet)
+                if packet_id is not None:
+                    self.outbox.unacked[packet_id] = Flight(None, qos)
+
+    def _retained_flag(self, subscription: Subscription, delivery: Delivery) -> bool:
+        """The retain flag a forwarded message carries: its own for a filter subscribed with
+        retain-as-published, else 0 (MQTT 5 3.3.1.3)."""
+        if not self._retain_as_published:
+            return False
+        pattern = subscription.pattern
+        topic_filter = pattern.topic_filter if pattern is not None else subscription.topic
+        return topic_filter in self._retain_as_published and retained.was_retained(delivery.payload)
+
+    async def _keep_will(self, connect: Connect) -> bool:
+        """Before the CONNACK: the client's earlier wills are cancelled, and its will (if any)
+        is stored, once the router let its user attach a sender to the will's topic (so a will
+        goes nowhere its client could not publish). False: refused, the CONNACK sent."""
+        will = connect.will
+        if self.wills is None or (will is None and not connect.client_id):
+            return True  # no will to keep, and none to cancel (no id to have left one under)
+        key = wills.mqtt_key(connect.client_id or f"~{uuid.uuid4().hex}")
+        if will is not None:
+            try:
+                await self._sender(mapping.address_of_topic(will.topic))
+            except MalformedPacket:  # MQTT 5 3.1.3.3: a will topic that is no topic name
+                self._refuse_connect(mapping.TOPIC_NAME_INVALID)
+                return False
+            except Refused as refused:
+                self._refuse_connect(mapping.refusal_reason(refused.condition))
+                return False
+        try:
+            stamp = await self.wills.connected(key, will)
+        except StoreUnavailable as error:
+            log.warning("will not stored", client=self.client_id, why=str(error))
+            self._refuse_connect(mapping.SERVER_UNAVAILABLE)
+            return False
+        if will is not None and stamp is not None:
+            delay = float(will.properties.get(wills.WILL_DELAY_INTERVAL, 0))
+            self.will = (key, stamp, delay)
+        return True
+
+    def _will_ended(self) -> None:
+        if self.wills is not None and self.will is not None:
+            key, stamp, delay = self.will
+            self.wills.ended(key, stamp=stamp, delay=delay, reason=self.disconnect_reason)
 
     # -- the end --
 
@@ -539,8 +752,18 @@ class Session:
         self._lost.set()
         for task in list(self._pending):
             task.cancel()
+        if self.connected is not None:
+            self.connected.release(self.client_id, self)
+        if self.persistence is not None:  # a session ending now: its links closed first
+            self.persistence.let_go(self.subscriptions, uplink=self.uplink)
+        self.wildcards.leave_all(self.uplink)  # shared groups: the last member ends the group
+        self._will_ended()
         if self.uplink is not None:
             self.uplink.close()
+        if self.persistence is not None:  # recorded once the links are detached
+            with contextlib.suppress(SessionUnavailable, TimeoutError):
+                async with asyncio.timeout(CONNECT_TIMEOUT):
+                    await self.persistence.end(self.subscriptions)
         with contextlib.suppress(Exception):
             self.writer.close()
             await self.writer.wait_closed()

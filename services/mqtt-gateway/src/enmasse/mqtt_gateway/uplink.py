@@ -32,6 +32,7 @@ from enmasse.amqp.engine import (
     Engine,
     Link,
     Outcome,
+    Terminus,
 )
 from enmasse.amqp.sasl import CLIENT_MECHANISMS
 
@@ -111,11 +112,23 @@ class Uplink(ConnectionHandler):
         self.engine.call_soon_threadsafe(lambda: self._attach(endpoint, address, sender=True))
         return await opened
 
-    async def attach_receiver(self, address: str, *, receiver: Any, credit: int) -> Link:
+    async def attach_receiver(
+        self,
+        address: str,
+        *,
+        receiver: Any,
+        credit: int,
+        name: str | None = None,
+        source: Terminus | None = None,
+    ) -> Link:
+        """A receiving link; `name` and `source` for a persistent session's durable
+        subscription (persistence.py), else the engine's own name and a plain source."""
         opened: asyncio.Future[Link] = self.loop.create_future()
         endpoint = _Endpoint(opened, receiver=receiver)
         self.engine.call_soon_threadsafe(
-            lambda: self._attach(endpoint, address, sender=False, credit=credit)
+            lambda: self._attach(
+                endpoint, address, sender=False, credit=credit, name=name, source=source
+            )
         )
         return await opened
 
@@ -174,7 +187,16 @@ class Uplink(ConnectionHandler):
 
         self.loop.call_soon_threadsafe(resolve)
 
-    def _attach(self, endpoint: _Endpoint, address: str, *, sender: bool, credit: int = 0) -> None:
+    def _attach(
+        self,
+        endpoint: _Endpoint,
+        address: str,
+        *,
+        sender: bool,
+        credit: int = 0,
+        name: str | None = None,
+        source: Terminus | None = None,
+    ) -> None:
         connection = self._connection
         if connection is None or connection.closed:
             self._answer(endpoint.opened, error=Refused(None, what="router connection"))
@@ -182,7 +204,7 @@ class Uplink(ConnectionHandler):
         link = (
             connection.open_sender(address)
             if sender
-            else connection.open_receiver(address, credit=credit)
+            else connection.open_receiver(address, name=name, source=source, credit=credit)
         )
         link.context = endpoint
 

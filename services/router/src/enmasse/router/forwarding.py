@@ -38,6 +38,10 @@ A transaction coordinator attach is refused with amqp:not-implemented (`TRANSACT
 transactions are a brokered space's broker's, and a coordinator has no address, so it would
 otherwise pass for an anonymous producer whose Declare is never answered.
 
+A receiver that asks for an address pattern (`patterns.PatternLinks`) is told which addresses
+of the space match it, at attach and at each configuration; it carries no message, and the
+client receives from each address on an ordinary link, so patterns cost a message nothing.
+
 Who may attach where: each client connection's record carries what its user may do
 (`enmasse.resources.permissions.Permissions`, the decision a brokered space's broker makes too),
 checked once per link at attach (the answer stays with the link, so a named link's messages pay
@@ -71,6 +75,7 @@ from enmasse.amqp.message_trace import MARK, flagged_unsampled
 from enmasse.amqp.selector import SelectorError, selector_of
 from enmasse.amqp.windows import first_window
 from enmasse.amqp.wire import OUTCOME_ACCEPTED, OUTCOME_NONE
+from enmasse.resources.address_patterns import PATTERN_CAPABILITY
 from enmasse.resources.authorization import RECV, SEND
 from enmasse.resources.contracts import ReplyAddresses, dynamic_owner
 from enmasse.resources.permissions import Permissions, browses, logged_in_as
@@ -80,6 +85,7 @@ from enmasse.router.fanout import CopyQueue
 from enmasse.router.hops import traced_hop
 from enmasse.router.inter_router import MeshLinks
 from enmasse.router.mesh import LinkStateDatabase
+from enmasse.router.patterns import PatternLinks
 from enmasse.router.points import (
     ANYCAST,
     BROKER_IN,
@@ -92,6 +98,7 @@ from enmasse.router.points import (
     MULTICAST,
     MULTICAST_IN,
     MULTICAST_OUT,
+    PATTERN,
     PRODUCER,
     PRODUCER_BYTES,
     PRODUCER_WINDOW,
@@ -157,6 +164,7 @@ class Router:
         self.handlers = handlers(self)
         self.mesh_links = MeshLinks(self, handler_for_peer=self.handlers.peer)
         self.broker_links = BrokerLinks(self, handler_for_broker=self.handlers.broker)
+        self.patterns = PatternLinks()
 
     # ------------------------------------------------------------------ configuration
 
@@ -168,6 +176,7 @@ class Router:
         self.log.info("config applied", generation=config.generation, space=config.space)
         self._retire_addresses(previous)
         self._apply_rules(previous)
+        self.patterns.config_changed(config)
         self.broker_links.sync()
         self.mesh_links.sync_peers()
         self.mesh_links.advertise()
@@ -374,6 +383,10 @@ class Router:
 
     def _attach_consumer(self, link: Link) -> None:
         record: ConnectionRecord = link.connection.context
+        if PATTERN_CAPABILITY in link.source.capabilities:
+            link.context = LinkState(role=PATTERN)
+            self.patterns.attach(link, permissions=record.permissions, config=self.config)
+            return
         if link.source.dynamic:
             address = self.replies.allocate()
             link.set_dynamic_address(address)
@@ -421,6 +434,9 @@ class Router:
     def client_detach(self, link: Link, *, closed: bool) -> None:
         state = link.context
         if not isinstance(state, LinkState):
+            return
+        if state.role is PATTERN:
+            self.patterns.detach(link)
             return
         point = state.point
         if state.role is PRODUCER:

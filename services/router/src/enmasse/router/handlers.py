@@ -5,6 +5,7 @@ which kind of connection the event came from and passes it to the `Router` (`for
 to its mesh side (`router.mesh_links`) or broker side (`router.broker_links`):
 
 - `ClientHandler`: connections accepted on the client port (producers, consumers, RPC clients);
+  it also tells `LostConnections` of their attaches and closes (the will service's notices);
 - `MeshHandler`: connections between routers, accepted on the inter-router port or dialled by us;
 - `BrokerHandler`: the connection this router dials to one broker of the space.
 
@@ -26,6 +27,7 @@ from enmasse.amqp.engine import (
     Link,
 )
 from enmasse.router.forwarding import Router
+from enmasse.router.lost_connections import LostConnections
 from enmasse.router.points import ConnectionRole
 from enmasse.router.waypoints import BrokerSession
 
@@ -45,17 +47,23 @@ class _Deliveries(ConnectionHandler):
 
 
 class ClientHandler(_Deliveries):
+    def __init__(self, router: Router, *, lost: LostConnections) -> None:
+        super().__init__(router)
+        self.lost = lost  # the will service's connection notices (lost_connections.py)
+
     def on_connection_open(self, conn: Connection) -> None:
         self.router.open_connection(conn, role=ConnectionRole.NORMAL)
 
     def on_connection_close(self, conn: Connection, error: Condition | None) -> None:
         self.router.close_record(conn)
+        self.lost.closed(conn, error)
 
     def on_session_begin(self, conn: Connection, *, held: int) -> Condition | None:
         return self.router.client_session(conn, held=held)
 
     def on_link_attach(self, link: Link) -> None:
-        self.router.client_attach(link)
+        if not self.lost.attached(link):
+            self.router.client_attach(link)
 
     def on_link_detach(self, link: Link, *, closed: bool, error: Condition | None) -> None:
         self.router.client_detach(link, closed=closed)
@@ -117,10 +125,11 @@ class RouterHandlers:
 
     def __init__(self, router: Router) -> None:
         self.router = router
+        self.lost = LostConnections()  # one per router: its clients' connection notices
 
     def client(self) -> ClientHandler:
         """For a connection accepted on the client port (or the amqps port)."""
-        return ClientHandler(self.router)
+        return ClientHandler(self.router, lost=self.lost)
 
     def mesh(self) -> MeshHandler:
         """For a connection accepted on the inter-router port."""

@@ -69,6 +69,7 @@ class Role(enum.Enum):
     BROKER_OUT = "broker-out"  # we send a waypoint address's deliveries to a broker
     BROKER_IN = "broker-in"  # a broker sends us deliveries for one client consumer
     REVOKED = "revoked"  # a client link that lost its right: closed, out of its address point
+    PATTERN = "pattern"  # we tell a client which addresses its pattern matches (`patterns.py`)
 
 
 # The roles by module name, for the per-message paths: Python 3.11 looks an enum member up
@@ -79,6 +80,7 @@ MULTICAST_IN, MULTICAST_OUT = Role.MULTICAST_IN, Role.MULTICAST_OUT
 CONTROL_IN, CONTROL_OUT = Role.CONTROL_IN, Role.CONTROL_OUT
 BROKER_OUT, BROKER_IN = Role.BROKER_OUT, Role.BROKER_IN
 REVOKED = Role.REVOKED
+PATTERN = Role.PATTERN
 
 
 class ConnectionRole(enum.Enum):

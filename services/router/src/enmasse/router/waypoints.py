@@ -202,7 +202,7 @@ class BrokerLinks:
             node = point.resolution.broker_address
             feed = session.connection.open_receiver(
                 node,
-                name=f"{consumer.connection.container_id}/{consumer.name}",
+                name=_feed_name(consumer),
                 source=Terminus(
                     address=node,
                     durable=source.durable,
@@ -487,6 +487,17 @@ class BrokerLinks:
                 address=address,
                 error=str(error) if error is not None else None,
             )
+
+
+def _feed_name(consumer: Link) -> str:
+    """The name of a consumer's link on a broker: the client's container id and link name, so a
+    durable subscription is the client's across reconnects. A `shared` one (JMS shared, MQTT
+    `$share/...`) is known on the broker by what its name holds before `|`: there, the
+    client's link name leads, so the consumers of every connection and router share it."""
+    name = f"{consumer.connection.container_id}/{consumer.name}"
+    if "shared" in consumer.source.capabilities:
+        return f"{consumer.name.split('|', 1)[0]}|{name}"
+    return name
 
 
 def _active_brokers(point: AddressPoint) -> set[str]:
