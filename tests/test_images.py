@@ -44,6 +44,7 @@ SERVICE_MODULES = {
     "storage_controller",
     "subscription",
     "mqtt_gateway",
+    "console",
 }
 NOT_IN_ANY_IMAGE = ("pytest", "grpc_tools", "mypy", "ruff")
 NOT_COPIED = ("__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache")

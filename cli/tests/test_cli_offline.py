@@ -176,6 +176,7 @@ def test_supervisord_config_supervises_etcd_then_config(tmp_path: Path) -> None:
         storage_controller=5681,
         router_agent=5682,
         subscription=5683,
+        console=5684,
     )
     conf = render_supervisord_conf(var=var, commands=program_commands(var=var, ports=ports))
     assert f"file = {tmp_path}/run/supervisor.sock" in conf
@@ -186,7 +187,8 @@ def test_supervisord_config_supervises_etcd_then_config(tmp_path: Path) -> None:
     assert conf.count("--tls-dir=") == 4  # config, storage-controller, router-agent, subscription
     assert "--listen=127.0.0.1:5680" in conf
     assert "--etcd=127.0.0.1:2379" in conf
-    assert conf.count("autorestart = true") == 6  # the control plane; routers, brokers: included
+    assert conf.count("autorestart = true") == 7  # the control plane; routers, brokers: included
+    assert f"--url-file={tmp_path}/run/console.url" in conf
     assert conf.index("[program:etcd]") < conf.index("[program:config]")
     assert f"[include]\nfiles = {tmp_path}/supervisor.d/*.conf" in conf
 

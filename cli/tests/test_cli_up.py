@@ -24,7 +24,15 @@ from tests.fixtures.local_runtime import enmasse, logs, stop_and_check, supervis
 
 pytestmark = pytest.mark.slow
 
-CONTROL_PLANE = ["etcd", "config", "storage-controller", "router-agent", "subscription", "runtime"]
+CONTROL_PLANE = [
+    "etcd",
+    "config",
+    "storage-controller",
+    "router-agent",
+    "subscription",
+    "runtime",
+    "console",
+]
 DEMO_WORKLOADS = ["demo-router-0", "demo-broker-0", "demo-mqtt-gateway", "jms-broker-0"]
 # The demo space's plan lets no one in without a user: the CLI logs in as the examples' user.
 LOGIN = ("--user", "app", "--password", "demo-password")

@@ -96,6 +96,10 @@ class Unreachable(CliError):
     waits for something anyway (`up` waiting until addresses are ready) asks again."""
 
 
+class NotFound(CliError):
+    """The config service has no such object (NOT_FOUND): `wait --for=delete` waits for this."""
+
+
 def resolve_server(*, option: str | None, var_dir: Path) -> str:
     if option:
         return option
@@ -252,6 +256,8 @@ def explain(error: grpc.RpcError, *, server: str) -> CliError:
             f"{details} (give --token TOKEN or set ${TOKEN_ENV}; `enmasse up` keeps its admin "
             "token in <var-dir>/run/admin-token)"
         )
+    if code == grpc.StatusCode.NOT_FOUND:
+        return NotFound(details or code.name)
     if code == grpc.StatusCode.UNIMPLEMENTED:
         return CliError(f"the config service at {server} does not implement this call: {details}")
     return CliError(details or code.name)

@@ -19,11 +19,13 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 import click
 from enmasse.cli.client import CliError, ConfigClient
+from enmasse.cli.progress import Reporter, open_progress, quiet_option
 from enmasse.resources.gitops_sync import (
     DEFAULT_MANAGER,
     SyncStatus,
@@ -36,6 +38,8 @@ from enmasse.resources.kinds import KINDS, key_of
 from enmasse.v1 import config_pb2
 
 GIT_TIMEOUT = 120.0
+Echo = Callable[..., None]
+"""How a line goes out: click.echo, or the progress display's echo (`err=True`: stderr)."""
 OWNED_KINDS = ("AddressSpace", "Address", "MessagingUser")
 
 
@@ -90,6 +94,7 @@ def sync_once(
     revision: str,
     manager: str,
     echo: bool = True,
+    say: Echo = click.echo,
 ) -> SyncStatus:
     async def apply(request: config_pb2.ApplyRequest) -> config_pb2.ApplyResponse:
         return client.apply(
@@ -110,7 +115,7 @@ def sync_once(
 
     def report(space: str, result: config_pb2.ApplyResult) -> None:
         if echo and result.action != config_pb2.ApplyResult.UNCHANGED:
-            click.echo(result_line(space, result))
+            say(result_line(space, result))
 
     return asyncio.run(
         sync_tree(
@@ -124,16 +129,16 @@ def sync_once(
     )
 
 
-def echo_summary(status: SyncStatus) -> None:
+def echo_summary(status: SyncStatus, *, say: Echo = click.echo) -> None:
     if status.error:
-        click.echo(f"error: sync failed, nothing applied: {status.error}", err=True)
+        say(f"error: sync failed, nothing applied: {status.error}", err=True)
         return
     counts = ", ".join(f"{name.lower()} {n}" for name, n in sorted(status.applied.items()))
-    click.echo(f"synced {status.revision[:12]}: {counts or 'nothing'}")
+    say(f"synced {status.revision[:12]}: {counts or 'nothing'}")
     for refusal in status.refused:
-        click.echo(f"refused: {refusal}", err=True)
+        say(f"refused: {refusal}", err=True)
     for space in status.pruning_skipped:
-        click.echo(f"{space}: not pruned: some of its files could not be read", err=True)
+        say(f"{space}: not pruned: some of its files could not be read", err=True)
 
 
 @click.group()
@@ -158,6 +163,7 @@ def gitops() -> None:
 @click.option("--checkout", type=click.Path(path_type=Path), help="[<var-dir>/gitops/checkout]")
 @click.option("--status-file", type=click.Path(path_type=Path), help="[<var-dir>/gitops/...]")
 @click.option("--max-rounds", type=int, default=0, hidden=True, help="stop after N (tests)")
+@quiet_option
 @click.pass_obj
 def sync(
     settings: _Settings,
@@ -170,6 +176,7 @@ def sync(
     checkout: Path | None,
     status_file: Path | None,
     max_rounds: int,
+    quiet: bool,
 ) -> None:
     """Pull REPO and apply DIR/<space>/*.yaml with prune, per space; then every --interval."""
     var_root: Path = settings.var.root  # type: ignore[attr-defined]
@@ -177,7 +184,12 @@ def sync(
     status_file = status_file or checkout.parent / "sync-status.json"
     applied = ""
     rounds = 0
-    with settings.client(service="gitops") as client:  # the `gitops` token `up` made, if any
+    # On a terminal, the live display shows the step of the moment; a loop that runs for days
+    # leaves no line per pull behind (only a failed step's).
+    with (
+        settings.client(service="gitops") as client,  # the `gitops` token `up` made, if any
+        open_progress("gitops", quiet=quiet, plain_steps=False, keep_done=once) as reporter,
+    ):
         while True:
             rounds += 1
             status = _round(
@@ -188,15 +200,17 @@ def sync(
                 subpath=subpath,
                 manager=manager,
                 skip=applied,
+                reporter=reporter,
             )
             if status is not None:
                 write_status(status_file, status)
-                echo_summary(status)
+                echo_summary(status, say=reporter.echo)
                 applied = status.revision if status.ok else ""
                 if once:
                     raise SystemExit(0 if status.ok else 1)
             if max_rounds and rounds >= max_rounds:
                 return
+            reporter.step(f"next pull in {interval:g} s")
             time.sleep(interval)
 
 
@@ -209,15 +223,18 @@ def _round(
     subpath: str,
     manager: str,
     skip: str,
+    reporter: Reporter,
 ) -> SyncStatus | None:
     """One pull and, when the head moved (or the last sync was not clean), one apply."""
     try:
+        reporter.step(f"pulling {repo} ({branch})")
         head = checkout_head(repo=repo, branch=branch, checkout=checkout)
         if head == skip:
             return None
         root = (checkout / subpath).resolve()
         if checkout.resolve() not in (root, *root.parents):
             raise CliError(f"--path {subpath} leads outside the repository")
-        return sync_once(client, root=root, revision=head, manager=manager)
+        reporter.step(f"applying {subpath} at {head[:12]} with prune")
+        return sync_once(client, root=root, revision=head, manager=manager, say=reporter.echo)
     except CliError as error:
         return SyncStatus(revision=skip or "unknown", error=error.message)

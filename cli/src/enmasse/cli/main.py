@@ -2,9 +2,20 @@
 
     enmasse up [--demo] | down | status          the local system under supervisord (local/)
     enmasse send ADDRESS | receive ADDRESS       AMQP through a space's router (messaging.py;
-                                                 --user NAME logs in as a MessagingUser)
+                                                 --user NAME logs in as a MessagingUser;
+                                                 -P KEY=VALUE, --rate, --body-file, -o json:
+                                                 message_lines.py)
+    enmasse peek QUEUE                           browse without consuming
+    enmasse stats --space S                      per address, from routers and brokers
+                                                 (local/address_stats.py)
     enmasse apply -f FILE|DIR [--space S]        manifests -> one atomic Apply per scope (apply.py)
-    enmasse get KIND [NAME] [--space S] [-o table|yaml|json]
+    enmasse get KIND [NAME] [--space S] [-o table|wide|yaml|json|name] [-l SEL]
+                [--field-selector SEL] [-w]      kubectl's get (selectors.py, render.py)
+    enmasse describe KIND NAME [--space S]       spec, status, placement, audit events
+                                                 (describe.py)
+    enmasse wait KIND NAME --for=phase=P|delete [--timeout S]   (conditions.py)
+    enmasse logs COMPONENT [--space S] [-f]      <var>/log of `up`'s programs (logs.py)
+    enmasse completion bash|zsh|fish             click's shell completion
     enmasse delete KIND NAME [--space S]
     enmasse watch KIND [--space S]               events until Ctrl-C
     enmasse validate -f FILE|DIR                 offline, for a manifests repo's CI (offline.py)
@@ -19,8 +30,12 @@ Global options: `--server host:port` (else $ENMASSE_SERVER, else <var>/run/confi
 else <var>/tls/ca.crt written by `up`; none: plaintext), `--var-dir` (else $ENMASSE_VAR, else
 ./var), `--timeout` (the deadline of every call, seconds), `-v` (debug logs on stderr).
 
-Every failure the user can cause or meet (server down, bad file, refused manifest, stale update)
-ends as `error: <message>` on stderr with exit code 1, never a traceback.
+Every failure the user can cause or meet (server down, bad file, refused manifest, stale update,
+a space or resource that does not exist) ends as `error: <message>` on stderr with exit code 1,
+never a traceback; a usage error (unknown option, bad choice) is click's, exit code 2; `wait`
+whose --timeout passed exits 3 (`conditions.TimedOut`). Long verbs (`up`, `down`, `apply`,
+`gitops sync`) say what they do on stderr (progress.py): a live display on a terminal, plain
+lines otherwise, nothing with --quiet; stdout keeps only their result.
 """
 
 from __future__ import annotations
@@ -34,10 +49,13 @@ from pathlib import Path
 
 import click
 import structlog
+from click.shell_completion import CompletionItem, get_completion_class
+from enmasse.cli import conditions, message_lines, messaging, offline, selectors
 from enmasse.cli import dashboard as dashboard_view
+from enmasse.cli import describe as describing
 from enmasse.cli import diff as diffs
 from enmasse.cli import gitops as gitops_commands
-from enmasse.cli import messaging, offline
+from enmasse.cli import logs as component_logs
 from enmasse.cli import tokens as token_commands
 from enmasse.cli.apply import batches, outcome_line
 from enmasse.cli.client import (
@@ -45,17 +63,20 @@ from enmasse.cli.client import (
     TOKEN_ENV,
     CliError,
     ConfigClient,
+    NotFound,
     Unreachable,
+    local_ca_file,
     operator_tls,
     resolve_ca_file,
     resolve_server,
     resolve_token,
 )
 from enmasse.cli.kinds import UnknownKind, resolve_kind
-from enmasse.cli.local import readiness, stack
+from enmasse.cli.local import address_stats, gateways, readiness, stack
 from enmasse.cli.local import runtime as local_runtime
 from enmasse.cli.local.var_dir import VarDir
-from enmasse.cli.render import make_console, print_resources, print_table
+from enmasse.cli.progress import Reporter, open_progress, quiet_option
+from enmasse.cli.render import OUTPUTS, make_console, print_change, print_resources, print_table
 from enmasse.common.logging import configure_logging
 from enmasse.resources.contracts import STANDARD
 from enmasse.resources.kinds import KINDS, Kind, key_of, kind_of, object_of
@@ -144,6 +165,11 @@ def cli(
     else the admin token `enmasse up` wrote to <var-dir>/run/admin-token.
     They go over TLS verified against --ca-file FILE, else $ENMASSE_CA_FILE,
     else <var-dir>/tls/ca.crt (written by `enmasse up`), else plaintext.
+
+    \b
+    Exit codes: 0 success; 1 an error (printed as `error: ...` on stderr:
+    refused, not found, unreachable, a failed send); 2 a usage error;
+    3 `wait` timed out. Shell completion: `enmasse completion bash|zsh|fish`.
     """
     configure_logging(service="cli", renderer="console", level="DEBUG" if verbose else "WARNING")
     ctx.obj = Settings(
@@ -190,16 +216,22 @@ def apply_paths(
     space: str = "",
     dry_run: bool = False,
     prune: bool = False,
+    reporter: Reporter | None = None,
 ) -> None:
+    """One Apply per batch; on a terminal a bar counts the manifests applied (`reporter`)."""
+    reporter = reporter or Reporter()
     loaded = load_or_refuse(paths, space=space, outcome="nothing applied")
+    scheduled = batches(loaded.manifests)
+    reporter.step(f"applying {len(loaded.manifests)} manifests", total=len(loaded.manifests))
     with settings.client() as client:
-        for batch in batches(loaded.manifests):
+        for batch in scheduled:
             log.debug("apply", space=batch.space, resources=len(batch.resources))
             reply = client.apply(
                 space=batch.space, resources=batch.resources, dry_run=dry_run, prune=prune
             )
             for result in reply.results:
-                click.echo(outcome_line(result, dry_run=dry_run))
+                reporter.echo(outcome_line(result, dry_run=dry_run))
+            reporter.advance(len(batch.resources))
 
 
 @cli.command()
@@ -207,12 +239,19 @@ def apply_paths(
 @click.option("-s", "--space", default="", help="for manifests that name no metadata.space")
 @click.option("--dry-run", is_flag=True, help="show what would change, change nothing")
 @click.option("--prune", is_flag=True, help="delete what the CLI applied earlier and these lack")
+@quiet_option
 @pass_settings
 def apply(
-    settings: Settings, paths: tuple[str, ...], space: str, dry_run: bool, prune: bool
+    settings: Settings,
+    paths: tuple[str, ...],
+    space: str,
+    dry_run: bool,
+    prune: bool,
+    quiet: bool,
 ) -> None:
     """Create or update the resources of manifest files (one atomic batch per address space)."""
-    apply_paths(settings, paths, space=space, dry_run=dry_run, prune=prune)
+    with open_progress("apply", quiet=quiet, plain_steps=False) as reporter:
+        apply_paths(settings, paths, space=space, dry_run=dry_run, prune=prune, reporter=reporter)
 
 
 @cli.command()
@@ -286,22 +325,72 @@ def _echo_change(
 # ---------------------------------------------------------------- get / delete / watch
 
 
+def _complete_kind(
+    _ctx: click.Context, _param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
+    """The kinds' plurals for shell completion (`enmasse get add<TAB>`)."""
+    return [
+        CompletionItem(kind.plural)
+        for kind in KINDS.values()
+        if kind.plural.startswith(incomplete.lower())
+    ]
+
+
+def _space_must_exist(client: ConfigClient, info: Kind, space: str) -> None:
+    """`get addresses --space nosuch` is an error, as kubectl's `-n nosuch` is not: NotFound
+    from the config service (`AddressSpace nosuch not found`), exit code 1."""
+    if info.space_scoped and space:
+        client.get(KINDS["AddressSpace"], name=space)
+
+
+def _selector_options(command: click.decorators.FC) -> click.decorators.FC:
+    command = click.option(
+        "--field-selector",
+        "field_selector",
+        default="",
+        metavar="PATH=VALUE,...",
+        help="fields as -o yaml spells them: status.phase=Active,spec.type=queue (= == !=)",
+    )(command)
+    return click.option(
+        "-l",
+        "--selector",
+        "label_selector",
+        default="",
+        metavar="SELECTOR",
+        help="labels: app=shop,tier!=test,env in (a,b),!legacy",
+    )(command)
+
+
 @cli.command()
-@click.argument("kind")
+@click.argument("kind", shell_complete=_complete_kind)
 @click.argument("name", required=False)
 @click.option("-s", "--space", default="", help="address space (all spaces when omitted)")
 @click.option(
     "-o",
     "--output",
-    type=click.Choice(["table", "wide", "yaml", "json"]),
+    type=click.Choice(OUTPUTS),
     default="table",
     show_default=True,
-    help="wide: the table with more columns (addresses: who manages them, dead letters)",
+    help="wide: more columns (addresses: who manages them, dead letters); name: kind/name",
 )
+@_selector_options
+@click.option("-w", "--watch", "follow", is_flag=True, help="then print each change; Ctrl-C quits")
 @pass_settings
-def get(settings: Settings, kind: str, name: str | None, space: str, output: str) -> None:
-    """Show resources of KIND (addresses, addressspaces, addressplans, ...), or one by NAME."""
+def get(
+    settings: Settings,
+    kind: str,
+    name: str | None,
+    space: str,
+    output: str,
+    label_selector: str,
+    field_selector: str,
+    follow: bool,
+) -> None:
+    """Show resources of KIND (addresses, addressspaces, addressplans, ...), or one by NAME.
+
+    A missing address space or resource is an error (exit code 1), never an empty list."""
     info = _kind(kind)
+    selected = selectors.predicate(labels=label_selector, fields=field_selector)
     with settings.client() as client:
         if name:
             resources = [
@@ -309,9 +398,48 @@ def get(settings: Settings, kind: str, name: str | None, space: str, output: str
             ]
         else:
             resources = client.list(info, space=space if info.space_scoped else "")
-    print_resources(
-        make_console(), info=info, resources=resources, output=output, single=bool(name)
-    )
+            if not resources:
+                _space_must_exist(client, info, space)
+        if selected is not None:
+            resources = [r for r in resources if selected(r)]
+        console = make_console()
+        print_resources(console, info=info, resources=resources, output=output, single=bool(name))
+        if follow:
+            _follow_changes(
+                client, console, info=info, space=space, name=name, output=output, keep=selected
+            )
+
+
+def _follow_changes(
+    client: ConfigClient,
+    console: Console,
+    *,
+    info: Kind,
+    space: str,
+    name: str | None,
+    output: str,
+    keep: selectors.Predicate | None,
+) -> None:
+    """`get --watch`: after the listing, one row (or document, or name) per change, as kubectl
+    prints them; the watch's own list phase, already printed, is skipped."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    synced = False
+    try:
+        for event in client.watch(kinds=[info.name], space=space if info.space_scoped else ""):
+            if event.type == config_pb2.WatchEvent.SYNCED:
+                synced = True
+                continue
+            if not synced or event.type not in _EVENT_WORDS:
+                continue
+            if name and object_of(event.object).metadata.name != name:
+                continue
+            if keep is not None and not keep(event.object):
+                continue
+            deleted = event.type == config_pb2.WatchEvent.DELETED
+            print_change(console, info=info, resource=event.object, output=output, deleted=deleted)
+    except KeyboardInterrupt:
+        return
 
 
 @cli.command()
@@ -371,7 +499,9 @@ def watch(settings: Settings, kind: str, space: str) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     with settings.client() as client:
-        client.list(info, space=space if info.space_scoped else "")  # fail fast, with a deadline
+        # fail fast, with a deadline; a space that does not exist is an error, as in `get`
+        if not client.list(info, space=space if info.space_scoped else ""):
+            _space_must_exist(client, info, space)
         try:
             for event in client.watch(kinds=[info.name], space=space):
                 if event.type == config_pb2.WatchEvent.SYNCED:
@@ -380,6 +510,121 @@ def watch(settings: Settings, kind: str, space: str) -> None:
                     click.echo(line)
         except KeyboardInterrupt:
             return
+
+
+# ---------------------------------------------------------------- describe / wait / logs
+
+
+@cli.command()
+@click.argument("kind", shell_complete=_complete_kind)
+@click.argument("name")
+@click.option("-s", "--space", default="", help="address space of the resource")
+@pass_settings
+def describe(settings: Settings, kind: str, name: str, space: str) -> None:
+    """Show one resource in full: labels, spec, status and conditions, placement or endpoints,
+    and its recent events from the config service's audit log (<var-dir>/log/config.log)."""
+    info = _kind(kind)
+    space = _space_for(info, space, verb="describe")
+    with settings.client() as client:
+        resource = client.get(info, name=name, space=space)
+    files = describing.audit_log_files(settings.var.log)
+    events = (
+        describing.audit_events(files, kind=info.name, space=space, name=name) if files else None
+    )
+    source = str(settings.var.log / "config.log")
+    click.echo(describing.describe(info, resource, events=events, events_source=source))
+
+
+@cli.command()
+@click.argument("kind", shell_complete=_complete_kind)
+@click.argument("name")
+@click.option("-s", "--space", default="", help="address space of the resource")
+@click.option(
+    "--for",
+    "condition",
+    required=True,
+    metavar="phase=PHASE|delete",
+    help="phase=Active (any phase), or delete: until it is gone",
+)
+@click.option(
+    "--timeout",
+    "wait_s",
+    type=click.FloatRange(0),
+    default=30.0,
+    show_default=True,
+    help="seconds; then exit code 3",
+)
+@pass_settings
+def wait(
+    settings: Settings, kind: str, name: str, space: str, condition: str, wait_s: float
+) -> None:
+    """Block until a resource meets a condition: `--for=phase=Active`, or `--for=delete`.
+
+    \b
+    Exit codes: 0 the condition holds; 3 --timeout passed first (the error
+    says what the resource is instead); 1 anything else (unknown kind, the
+    resource does not exist while waiting for a phase, no config service)."""
+    info = _kind(kind)
+    wanted = conditions.parse_condition(condition)
+    space = _space_for(info, space, verb="wait")
+    what = f"{info.name.lower()}/{name}"
+    with settings.client() as client:
+
+        def fetch() -> resources_pb2.Resource | None:
+            try:
+                return client.get(info, name=name, space=space)
+            except NotFound:
+                return None
+
+        conditions.wait_until_met(fetch=fetch, condition=wanted, what=what, timeout=wait_s)
+    click.echo(f"{what} condition met")
+
+
+@cli.command()
+@click.argument("component")
+@click.option("-s", "--space", default="", help="only this space's routers/brokers/gateways")
+@click.option(
+    "--tail", "lines", type=int, default=-1, help="the last N lines of each log [all of them]"
+)
+@click.option("-f", "--follow", is_flag=True, help="then print new lines as written; Ctrl-C quits")
+@pass_settings
+def logs(settings: Settings, component: str, space: str, lines: int, follow: bool) -> None:
+    """Print the log of a program `enmasse up` runs (<var-dir>/log/COMPONENT.log).
+
+    COMPONENT is a program (config, router-agent, storage-controller, etcd, demo-router-0, ...)
+    or a role (router, broker, mqtt-gateway): every one of that role, in --space SPACE if
+    given; lines of several logs start with [program]."""
+    files = component_logs.select(settings.var.log, component=component, space=space)
+    for line in component_logs.show(files, lines=lines):
+        click.echo(line)
+    if not follow:
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        for line in component_logs.follow(files):
+            click.echo(line)
+    except KeyboardInterrupt:
+        return
+
+
+@cli.command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+@click.pass_context
+def completion(ctx: click.Context, shell: str) -> None:
+    """Print the shell completion script for SHELL (click's): verbs, options and kinds.
+
+    \b
+    bash:  source <(enmasse completion bash)     (or into ~/.bashrc)
+    zsh:   source <(enmasse completion zsh)
+    fish:  enmasse completion fish > ~/.config/fish/completions/enmasse.fish"""
+    root = ctx.find_root()
+    prog = root.info_name or "enmasse"
+    shell_class = get_completion_class(shell)
+    if shell_class is None:  # click knows the three the Choice allows
+        raise CliError(f"no completion for {shell}")
+    variable = f"_{prog.replace('-', '_').upper()}_COMPLETE"
+    click.echo(shell_class(root.command, {}, prog, variable).source())
 
 
 # ---------------------------------------------------------------- up / down / status
@@ -424,6 +669,16 @@ def _demo_space(folder: Path) -> str:
     raise CliError(f"{folder} declares no standard address space to demonstrate")
 
 
+def _declared_spaces(folder: Path) -> list[str]:
+    """Every address space the examples declare (`up --demo` waits for all of them, so that
+    what it prints at the end is every space's endpoints)."""
+    return [
+        str(object_of(manifest.resource).metadata.name)
+        for manifest in load_paths([str(folder)]).manifests
+        if kind_of(manifest.resource) == "AddressSpace"
+    ]
+
+
 def _wait_ready(
     client: ConfigClient, var: VarDir, *, spaces: Sequence[str], timeout: float, settled_ok: bool
 ) -> None:
@@ -464,6 +719,24 @@ def _laggards(client: ConfigClient, var: VarDir, *, space: str, settled_ok: bool
     )
 
 
+def _ready_step(spaces: Sequence[str]) -> str:
+    if not spaces:
+        return "no address spaces yet: nothing to wait for"
+    return f"waiting until every address is ready in {', '.join(spaces)}"
+
+
+def _echo_where(settings: Settings, *, address: str) -> None:
+    """The end of `up`: where the rest runs (beside each space's endpoints, printed before)."""
+    var = settings.var
+    ca = local_ca_file(var.root)
+    transport = f"TLS, CA {ca}" if ca is not None else "plaintext"
+    click.echo(f"config service: {address} ({transport})")
+    click.echo(f"admin token: {var.admin_token} (the CLI's by default; $ENMASSE_TOKEN elsewhere)")
+    click.echo(f"logs: {var.log} (enmasse logs COMPONENT)")
+    if var.console_url.is_file():  # the web console, once it listens
+        click.echo(f"console: {var.console_url.read_text().strip()}")
+
+
 def _echo_endpoints(client: ConfigClient) -> None:
     for wrapped in client.list(KINDS["AddressSpace"]):
         space = wrapped.address_space
@@ -495,15 +768,34 @@ def _demo_round(client: ConfigClient, *, space: str, login: messaging.Login | No
 @cli.command()
 @click.option("--demo", is_flag=True, help="then apply examples/ and send a message on each type")
 @click.option("--examples", metavar="DIR", help="manifests for --demo (default: examples/)")
+@click.option(
+    "--mqtt-gateways",
+    type=click.IntRange(1, gateways.MAX_INSTANCES),
+    default=None,
+    help="MQTT gateway instances per standard space (kept; default: as before, first 1)",
+)
+@quiet_option
 @pass_settings
-def up(settings: Settings, demo: bool, examples: str | None) -> None:
+def up(
+    settings: Settings, demo: bool, examples: str | None, mqtt_gateways: int | None, quiet: bool
+) -> None:
     """Start etcd, the control plane, routers and brokers under supervisord (again: start what
     is not running), then wait until every address is ready: Active in the store AND run by
     every router of its space (Pending and Failed ones are not waited for). With --demo, apply
-    examples/, wait until each of them is ready, send and receive."""
-    address, started = stack.up(settings.var)
+    examples/, wait until each of them is ready, send and receive.
+
+    Each step shows on stderr as it happens; at the end, stdout says what runs where: the
+    config service, each space's endpoints, the admin token's file, the logs."""
+    if mqtt_gateways is not None:  # the runtime's next pass starts (or stops) instances
+        gateways.set_instances(settings.var, mqtt_gateways)
+    with open_progress("up", quiet=quiet) as reporter:
+        _up(settings, demo=demo, examples=examples, reporter=reporter)
+
+
+def _up(settings: Settings, *, demo: bool, examples: str | None, reporter: Reporter) -> None:
+    address, started = stack.up(settings.var, step=reporter.step)
     word = "started" if started else "already running"
-    click.echo(f"enmasse {word}: config service at {address} (state in {settings.var.root})")
+    reporter.echo(f"enmasse {word}: config service at {address} (state in {settings.var.root})")
     server_settings = Settings(
         server_option=address,
         var=settings.var,
@@ -516,19 +808,26 @@ def up(settings: Settings, demo: bool, examples: str | None) -> None:
         with server_settings.client() as client:
             # Phases in the store may be an earlier run's: wait until the routers run them.
             spaces = [w.address_space.metadata.name for w in client.list(KINDS["AddressSpace"])]
+            reporter.step(_ready_step(spaces))
             _wait_ready(client, settings.var, spaces=spaces, timeout=READY_TIMEOUT, settled_ok=True)
+            reporter.close()
             _echo_endpoints(client)
+            _echo_where(settings, address=address)
         return
     folder = Path(examples) if examples else _examples_dir()
     if folder is None:
         raise CliError("no examples directory found: give --examples DIR")
     space = _demo_space(folder)
-    apply_paths(server_settings, [str(folder)])
+    apply_paths(server_settings, [str(folder)], reporter=reporter)
     with server_settings.client() as client:
-        _wait_ready(client, settings.var, spaces=[space], timeout=READY_TIMEOUT, settled_ok=False)
+        spaces = _declared_spaces(folder)
+        reporter.step(_ready_step(spaces))
+        _wait_ready(client, settings.var, spaces=spaces, timeout=READY_TIMEOUT, settled_ok=False)
+        reporter.close()  # what follows is the result: tables, endpoints, the demo round
         click.echo("")
         _print_spaces_and_addresses(settings, server=address)
         _echo_endpoints(client)
+        _echo_where(settings, address=address)
         click.echo("")
         if not _demo_round(client, space=space, login=_demo_login(folder, space=space)):
             raise CliError("the demo round failed (see above)")
@@ -553,19 +852,63 @@ def _login(user: str | None, password: str | None) -> messaging.Login | None:
     return messaging.Login(user=user, password=password)
 
 
+def _target_options(command: click.decorators.FC) -> click.decorators.FC:
+    """Where send, receive and peek go: the space's router, or --url (and its CA)."""
+    command = click.option(
+        "--ca-file", metavar="FILE", help="amqps: the CA to verify it against [<var>/tls/ca.crt]"
+    )(command)
+    command = click.option(
+        "--url", metavar="amqp[s]://HOST:PORT", help="router to use (else the space's)"
+    )(command)
+    return click.option("-s", "--space", default="demo", show_default=True, help="address space")(
+        command
+    )
+
+
+_MESSAGE_OUTPUT = click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["body", "json"]),
+    default="body",
+    show_default=True,
+    help="json: one JSON line per message (body, header, properties, application properties)",
+)
+
+
+def _print_messages(payloads: Sequence[bytes], *, output: str) -> None:
+    for payload in payloads:
+        if output == "json":
+            click.echo(message_lines.as_json(payload))
+        else:
+            click.echo(messaging.body_text(payload))
+
+
 @cli.command()
 @click.argument("address")
-@click.option("-s", "--space", default="demo", show_default=True, help="address space")
-@click.option("--url", metavar="amqp[s]://HOST:PORT", help="router to use (else the space's)")
-@click.option(
-    "--ca-file", metavar="FILE", help="amqps: the CA to verify it against [<var>/tls/ca.crt]"
-)
+@_target_options
 @click.option("-n", "--count", type=click.IntRange(1, 100_000), default=1, show_default=True)
 @click.option("--body", default="hello", show_default=True, help="message body (text)")
+@click.option(
+    "--body-file",
+    metavar="FILE|-",
+    help="the body from a file (- : stdin); sent --count times, or line by line with --lines",
+)
+@click.option("--lines", is_flag=True, help="with --body-file: one message per non-empty line")
+@click.option(
+    "-P",
+    "--property",
+    "properties",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="application property (repeatable); numbers, true/false typed as JSON reads them",
+)
 @click.option("--durable", is_flag=True, help="mark messages durable (stored to disk)")
 @click.option("--ttl", type=click.IntRange(1), default=None, help="time to live, ms")
 @click.option(
-    "--timeout", "wait_s", type=float, default=5.0, show_default=True, help="seconds in all"
+    "--rate", type=click.FloatRange(min=0, min_open=True), help="at most this many a second"
+)
+@click.option(
+    "--timeout", "wait_s", type=float, default=5.0, show_default=True, help="s, per message"
 )
 @click.option(
     "--trace", is_flag=True, help="trace each message (OTLP-JSON under $ENMASSE_VAR/traces)"
@@ -577,48 +920,60 @@ def send(
     address: str,
     space: str,
     url: str | None,
+    ca_file: str | None,
     count: int,
     body: str,
+    body_file: str | None,
+    lines: bool,
+    properties: tuple[str, ...],
     durable: bool,
     ttl: int | None,
+    rate: float | None,
     wait_s: float,
     trace: bool,
     user: str | None,
     password: str | None,
-    ca_file: str | None,
 ) -> None:
-    """Send COUNT messages to ADDRESS through a router of the space; print their outcome."""
+    """Send messages to ADDRESS through a router of the space; print their outcome.
+
+    \b
+    enmasse send orders -n 10 --rate 5 -P region=eu --ttl 60000 --durable
+    seq 3 | enmasse send orders --body-file - --lines
+
+    Exit code 1 when any message was not accepted."""
+    to_send = message_lines.bodies(body=body, count=count, body_file=body_file, lines=lines)
+    application = message_lines.parse_properties(properties)
     endpoint, kind = _messaging_target(
         settings, space=space, address=address, url=url, ca_file=ca_file
     )
     outcomes = messaging.send(
         endpoint,
         address=address,
-        count=count,
-        body=body,
+        bodies=to_send,
         durable=durable,
         ttl=ttl,
+        application_properties=application,
+        rate=rate,
         timeout=wait_s,
         trace_space=space if trace else None,
         login=_login(user, password),
     )
-    click.echo(messaging.sent_line(count=count, kind=kind, address=address, outcomes=outcomes))
+    click.echo(
+        messaging.sent_line(count=len(to_send), kind=kind, address=address, outcomes=outcomes)
+    )
     if any(o is not messaging.Outcome.ACCEPTED for o in outcomes):
         raise SystemExit(1)
 
 
 @cli.command()
 @click.argument("address")
-@click.option("-s", "--space", default="demo", show_default=True, help="address space")
-@click.option("--url", metavar="amqp[s]://HOST:PORT", help="router to use (else the space's)")
-@click.option(
-    "--ca-file", metavar="FILE", help="amqps: the CA to verify it against [<var>/tls/ca.crt]"
-)
+@_target_options
 @click.option("-n", "--count", type=click.IntRange(1, 100_000), default=1, show_default=True)
 @click.option(
     "--timeout", "wait_s", type=float, default=5.0, show_default=True, help="seconds in all"
 )
 @click.option("--durable-subscription", metavar="NAME", help="read a durable subscription")
+@_MESSAGE_OUTPUT
 @click.option(
     "--trace", is_flag=True, help="trace each message (OTLP-JSON under $ENMASSE_VAR/traces)"
 )
@@ -629,19 +984,21 @@ def receive(
     address: str,
     space: str,
     url: str | None,
+    ca_file: str | None,
     count: int,
     wait_s: float,
     durable_subscription: str | None,
+    output: str,
     trace: bool,
     user: str | None,
     password: str | None,
-    ca_file: str | None,
 ) -> None:
-    """Receive up to COUNT messages from ADDRESS (accepting each); print their bodies."""
+    """Receive up to COUNT messages from ADDRESS (accepting each); print their bodies, or with
+    -o json one JSON line each. Exit code 1 when fewer than COUNT came in time."""
     endpoint, _kind = _messaging_target(
         settings, space=space, address=address, url=url, ca_file=ca_file
     )
-    bodies = messaging.receive(
+    payloads = messaging.receive(
         endpoint,
         address=address,
         count=count,
@@ -650,10 +1007,69 @@ def receive(
         trace_space=space if trace else None,
         login=_login(user, password),
     )
-    for text in bodies:
-        click.echo(text)
-    if len(bodies) < count:
-        raise CliError(f"only {len(bodies)} of {count} messages within {wait_s:g} s")
+    _print_messages(payloads, output=output)
+    if len(payloads) < count:
+        raise CliError(f"only {len(payloads)} of {count} messages within {wait_s:g} s")
+
+
+@cli.command()
+@click.argument("address")
+@_target_options
+@click.option("-n", "--count", type=click.IntRange(1, 100_000), default=10, show_default=True)
+@click.option(
+    "--timeout",
+    "wait_s",
+    type=float,
+    default=2.0,
+    show_default=True,
+    help="stop when no message came for this long, s",
+)
+@_MESSAGE_OUTPUT
+@_login_options
+@pass_settings
+def peek(
+    settings: Settings,
+    address: str,
+    space: str,
+    url: str | None,
+    ca_file: str | None,
+    count: int,
+    wait_s: float,
+    output: str,
+    user: str | None,
+    password: str | None,
+) -> None:
+    """Browse the first COUNT messages of a queue without consuming them (AMQP `copy`
+    distribution mode); an empty queue prints nothing."""
+    endpoint, _kind = _messaging_target(
+        settings, space=space, address=address, url=url, ca_file=ca_file
+    )
+    payloads = messaging.peek(
+        endpoint, address=address, count=count, timeout=wait_s, login=_login(user, password)
+    )
+    _print_messages(payloads, output=output)
+
+
+@cli.command()
+@click.option("-s", "--space", required=True, help="address space")
+@pass_settings
+def stats(settings: Settings, space: str) -> None:
+    """Per address of the space: messages in and out, stored, consumers and producers, asked of
+    its routers and brokers now (the local installation's, with `enmasse up`'s operator
+    certificate). In a standard space IN/OUT/CONSUMERS/PRODUCERS are the routers' (summed),
+    STORED the brokers'; a brokered space's are its broker's."""
+    with settings.client() as client:
+        found = client.get(KINDS["AddressSpace"], name=space).address_space
+        addresses = [w.address for w in client.list(KINDS["Address"], space=space)]
+    tls = operator_tls(settings.var.root)
+    gathered = address_stats.gather(readiness.directory(settings.var.root), space=found, tls=tls)
+    print_table(
+        make_console(), address_stats.HEADERS, address_stats.rows(addresses, gathered, space=found)
+    )
+    for silent in gathered.silent:
+        click.echo(f"no answer from {silent}", err=True)
+    if gathered.silent:
+        raise SystemExit(1)
 
 
 def _messaging_target(
@@ -675,10 +1091,14 @@ def _messaging_target(
 
 
 @cli.command()
+@quiet_option
 @pass_settings
-def down(settings: Settings) -> None:
-    """Stop supervisord and everything it started (and nothing else). Data stays in the var dir."""
-    stopped = stack.down(settings.var)
+def down(settings: Settings, quiet: bool) -> None:
+    """Stop supervisord and everything it started (and nothing else). Data stays in the var dir.
+
+    Each step shows on stderr as it happens."""
+    with open_progress("down", quiet=quiet) as reporter:
+        stopped = stack.down(settings.var, step=reporter.step)
     if not stopped:
         click.echo(f"enmasse is not running (nothing to stop in {settings.var.root})")
         return

@@ -1,4 +1,4 @@
-"""`enmasse send` / `enmasse receive`, and the demo round of `enmasse up --demo`.
+"""`enmasse send` / `receive` / `peek`, and the demo round of `enmasse up --demo`.
 
 In: an address space's router endpoint (its AddressSpace status, or --url: `amqp://` or, over
 TLS, `amqps://`, whose certificate is verified, name included, against --ca-file), an AMQP
@@ -15,7 +15,9 @@ the user the examples declare for the demo space (`demo_login`). Without a login
 in anonymously, which only a plan that allows it lets through.
 An anycast producer's outcome is the consumer's acceptance, so the demo sends asynchronously and
 settles on the receiving side before it waits for that outcome (one thread does both).
-Every loop is bounded by a count and a deadline.
+`send` paces itself to `--rate` (`Pace`) and carries application properties; `peek` browses a
+queue with the `copy` distribution mode (the broker keeps what it shows; the router passes the
+mode on to the broker's link). Every loop is bounded by a count and a deadline.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ import contextlib
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from enmasse.amqp import codec, message_trace, sasl
 from enmasse.amqp.client import AmqpError, Client, Receiver
@@ -170,31 +173,36 @@ def send(
     endpoint: Endpoint,
     *,
     address: str,
-    count: int,
-    body: str,
+    bodies: Sequence[str],
     durable: bool = False,
     ttl: int | None = None,
+    application_properties: Mapping[str, Any] | None = None,
+    rate: float | None = None,
     timeout: float = 5.0,
     trace_space: str | None = None,
     login: Login | None = None,
 ) -> list[Outcome]:
-    """Sends `count` messages, each settled before the next; their outcomes. With
-    `trace_space`, each message is a trace of its own (`amqp.send`, traceparent inside)."""
-    payload = codec.encode_message(body, durable=durable, ttl=ttl)
+    """Sends one message per body, each settled before the next, at most `rate` a second;
+    their outcomes. With `trace_space`, each message is a trace of its own (`amqp.send`,
+    traceparent inside, beside the application properties)."""
     tracer = _tracer(trace_space)
     client = _connect(endpoint, timeout=timeout, login=login)
+    pace = Pace(rate)
     try:
         sender = client.sender(address)
         outcomes = []
-        for _ in range(count):
+        for body in bodies:
             span = None
+            properties = dict(application_properties or {})
             if tracer is not None:
-                span, properties = message_trace.start_send(
+                span, traced = message_trace.start_send(
                     tracer=tracer, address=address, space=trace_space, client_id="enmasse-cli"
                 )
-                payload = codec.encode_message(
-                    body, durable=durable, ttl=ttl, application_properties=properties
-                )
+                properties.update(traced)
+            payload = codec.encode_message(
+                body, durable=durable, ttl=ttl, application_properties=properties or None
+            )
+            pace.wait()
             delivery = sender.send(payload, timeout=timeout)
             outcomes.append(delivery.outcome or Outcome.NONE)
             if span is not None:
@@ -210,6 +218,25 @@ def send(
     finally:
         client.close()
         _flush_traces(tracer)
+
+
+class Pace:
+    """At most `rate` sends a second (None: as fast as outcomes come back), on a schedule
+    that does not drift: the n-th send waits until n / rate seconds after the first."""
+
+    def __init__(self, rate: float | None) -> None:
+        self._interval = 1.0 / rate if rate else 0.0
+        self._start: float | None = None
+        self._sent = 0
+
+    def wait(self) -> None:
+        now = time.monotonic()
+        if self._start is None:
+            self._start = now
+        due = self._start + self._sent * self._interval
+        if due > now:
+            time.sleep(due - now)
+        self._sent += 1
 
 
 def _tracer(space: str | None) -> trace.Tracer | None:
@@ -239,9 +266,10 @@ def receive(
     subscription: str | None = None,
     trace_space: str | None = None,
     login: Login | None = None,
-) -> list[str]:
-    """Up to `count` bodies within `timeout` seconds in all, each accepted; CliError when none
-    came. With `subscription`, a durable subscription of that name (container and link)."""
+) -> list[bytes]:
+    """Up to `count` messages (their encoded bytes) within `timeout` seconds in all, each
+    accepted; CliError when none came. With `subscription`, a durable subscription of that
+    name (container and link)."""
     tracer = _tracer(trace_space)
     client = _connect(endpoint, timeout=timeout, container_id=subscription, login=login)
     try:
@@ -251,7 +279,7 @@ def receive(
             name=subscription,
             source=_durable_source(address) if subscription else None,
         )
-        bodies = take(receiver, count=count, timeout=timeout, tracer=tracer, space=trace_space)
+        payloads = take(receiver, count=count, timeout=timeout, tracer=tracer, space=trace_space)
         if subscription:
             receiver.detach()  # away, not gone: the subscription keeps collecting
     except AmqpError as error:
@@ -259,9 +287,40 @@ def receive(
     finally:
         client.close()
         _flush_traces(tracer)
-    if not bodies:
+    if not payloads:
         raise CliError(f"no message within {timeout:g} s on '{address}'")
-    return bodies
+    return payloads
+
+
+def peek(
+    endpoint: Endpoint,
+    *,
+    address: str,
+    count: int,
+    timeout: float = 2.0,
+    login: Login | None = None,
+) -> list[bytes]:
+    """Up to `count` messages of a queue, browsed (`copy` distribution mode: the broker sends
+    each settled and keeps it; a router passes the mode on to its brokers), in queue order;
+    stops at `count` or when none came for `timeout` s. Empty: the queue holds nothing."""
+    client = _connect(endpoint, timeout=max(timeout, 5.0), login=login)
+    try:
+        receiver = client.receiver(
+            address,
+            credit=count,
+            source=Terminus(address=address, distribution_mode="copy"),
+        )
+        payloads: list[bytes] = []
+        while len(payloads) < count:
+            try:
+                payloads.append(receiver.receive(timeout).payload)
+            except TimeoutError:
+                break
+        return payloads
+    except AmqpError as error:
+        raise CliError(f"'{address}': {error}") from None
+    finally:
+        client.close()
 
 
 def take(
@@ -271,11 +330,11 @@ def take(
     timeout: float,
     tracer: trace.Tracer | None = None,
     space: str | None = None,
-) -> list[str]:
-    """Up to `count` bodies, accepting each, until the deadline; with `tracer`, a sampled
+) -> list[bytes]:
+    """Up to `count` messages, accepting each, until the deadline; with `tracer`, a sampled
     message's `amqp.deliver` and `amqp.settle` spans."""
     deadline = time.monotonic() + timeout
-    bodies: list[str] = []
+    bodies: list[bytes] = []
     while len(bodies) < count:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -286,12 +345,12 @@ def take(
             break
         if tracer is None:
             receiver.accept(delivery)
-            bodies.append(body_text(delivery.payload))
+            bodies.append(delivery.payload)
             continue
         spans = message_trace.ConsumerSpans(
             tracer=tracer, payload=delivery.payload, address=receiver.address or "", space=space
         )
-        bodies.append(body_text(delivery.payload))
+        bodies.append(delivery.payload)
         spans.handed_over()
         spans.settling()
         receiver.accept(delivery)
@@ -371,7 +430,7 @@ def demo_one(
         deadline = time.monotonic() + timeout
         for _ in range(100):
             got = take(receiver, count=1, timeout=max(deadline - time.monotonic(), 0.0))
-            if not got or got[0] == body:
+            if not got or body_text(got[0]) == body:
                 received = len(got)
                 break
         delivery = outcome.result(max(deadline - time.monotonic(), 0.1))

@@ -1,4 +1,4 @@
-"""Resources -> what `get`, `status` and `watch` print: kubectl-like tables, YAML, JSON.
+"""Resources -> what `get`, `status` and `watch` print: kubectl-like tables, YAML, JSON, names.
 
 `table_rows` is pure (headers and string cells per kind) so tests can check the columns without a
 terminal; `print_table` hands them to rich. The columns of each kind are the kinds table's
@@ -10,11 +10,12 @@ splits into the same number of words (people pipe these tables into awk).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
 from enmasse.resources.kinds import Column, Kind, object_of
-from enmasse.resources.manifests import dump_json, dump_yaml
+from enmasse.resources.manifests import dump_json, dump_yaml, to_manifest
 from enmasse.v1 import resources_pb2
 from rich.console import Console
 from rich.table import Table
@@ -72,6 +73,14 @@ def print_table(console: Console, headers: Sequence[str], rows: Sequence[Sequenc
         console.out(line.rstrip(), highlight=False)
 
 
+OUTPUTS = ("table", "wide", "yaml", "json", "name")
+
+
+def name_of(info: Kind, resource: resources_pb2.Resource) -> str:
+    """`address/orders`: what `-o name` prints, one a line, as kubectl does."""
+    return f"{info.name.lower()}/{object_of(resource).metadata.name}"
+
+
 def print_resources(
     console: Console,
     *,
@@ -84,7 +93,32 @@ def print_resources(
         console.out(dump_yaml(resources).rstrip("\n"), highlight=False)
     elif output == "json":
         console.out(dump_json(resources, single=single), highlight=False)
+    elif output == "name":
+        for resource in resources:
+            console.out(name_of(info, resource), highlight=False)
     elif not resources:
         console.out(f"No {info.plural} found.", highlight=False)
     else:
         print_table(console, *table_rows(info, resources, wide=output == "wide"))
+
+
+def print_change(
+    console: Console,
+    *,
+    info: Kind,
+    resource: resources_pb2.Resource,
+    output: str,
+    deleted: bool = False,
+) -> None:
+    """One change `get --watch` saw: a table row (cells joined by three spaces: the listing's
+    column widths are not known in advance), a YAML document, a JSON line, or a name."""
+    if output == "yaml":
+        console.out("---\n" + dump_yaml([resource]).rstrip("\n"), highlight=False)
+    elif output == "json":
+        console.out(json.dumps(to_manifest(resource)), highlight=False)
+    elif output == "name":
+        console.out(name_of(info, resource), highlight=False)
+    else:
+        _headers, rows = table_rows(info, [resource], wide=output == "wide")
+        cells = list(rows[0]) + (["(deleted)"] if deleted else [])
+        console.out("   ".join(cells), highlight=False)

@@ -1,12 +1,16 @@
-"""The MQTT gateway of each standard space on this machine: its pinned port and its command.
+"""The MQTT gateways of each standard space on this machine: their pinned ports and commands.
 
-In: the var dir and a space's rendered routers (`enmasse.resources.rendered_routers`). Out: the
-MQTT port the space's gateway keeps (chosen free once, kept in
-<var>/gateways/<space>/mqtt-gateway/mqtt-port, so devices find it again after any restart) and
-the command that runs it: `enmasse-mqtt-gateway` in front of the space's first router (by id),
-writing its ports file where `LocalDirectory.gateways` finds it, so the router-agent lists the
-space's `mqtt` endpoint in its status. The runtime (runtime.py) makes it one more supervised
-program beside the space's routers; like them, it is started as a process, never imported.
+In: the var dir and a space's rendered routers (`enmasse.resources.rendered_routers`). Out: how
+many gateway instances each standard space runs (`enmasse up --mqtt-gateways N`, kept in
+<var>/mqtt-gateways; 1 until set), the MQTT port each instance keeps (chosen free once, kept in
+<var>/gateways/<space>/<gateway id>/mqtt-port, so devices find it again after any restart; the
+first instance is `mqtt-gateway`, the next `mqtt-gateway-2` and so on) and the command that runs
+it: `enmasse-mqtt-gateway` in front of one of the space's routers (instance i in front of the
+i-th router by id, round robin), writing its ports file where `LocalDirectory.gateways` finds
+it, so the router-agent lists each instance as an `mqtt` endpoint of the space in its status.
+An instance no longer wanted has its ports file removed, so it is listed no more. The runtime
+(runtime.py) makes each one more supervised program beside the space's routers; like them, it
+is started as a process, never imported.
 
 A cluster renders no gateway yet: this is the local runtime's only (#17).
 """
@@ -21,26 +25,60 @@ from enmasse.resources.rendered_routers import RouterWorkload
 
 GATEWAY_ID = "mqtt-gateway"
 PORT_FILE = "mqtt-port"
+INSTANCES_FILE = "mqtt-gateways"
+MAX_INSTANCES = 16
 
 
-def gateway_dir(var: VarDir, space: str) -> Path:
-    """Where the gateway of `space` runs and writes its ports file (`<var>/gateways/...`)."""
-    return var.root / "gateways" / space / GATEWAY_ID
-
-
-def pinned_port(var: VarDir, space: str) -> int | None:
-    """The MQTT port the space's gateway keeps; None before `ensure_pinned_port` chose one."""
+def instances(var: VarDir) -> int:
+    """How many gateway instances each standard space runs (1 until `set_instances`)."""
     try:
-        return int((gateway_dir(var, space) / PORT_FILE).read_text())
+        return max(1, min(MAX_INSTANCES, int((var.root / INSTANCES_FILE).read_text())))
+    except (OSError, ValueError):
+        return 1
+
+
+def set_instances(var: VarDir, count: int) -> None:
+    """Keeps the number of gateway instances per standard space (1..MAX_INSTANCES)."""
+    if not 1 <= count <= MAX_INSTANCES:
+        raise ValueError(f"--mqtt-gateways must be 1..{MAX_INSTANCES}, not {count}")
+    var.root.mkdir(parents=True, exist_ok=True)
+    partial = var.root / f".{INSTANCES_FILE}.partial"
+    partial.write_text(str(count))
+    partial.replace(var.root / INSTANCES_FILE)
+
+
+def gateway_ids(var: VarDir) -> list[str]:
+    """The ids of a space's gateway instances: `mqtt-gateway`, `mqtt-gateway-2`, ..."""
+    return [GATEWAY_ID] + [f"{GATEWAY_ID}-{n}" for n in range(2, instances(var) + 1)]
+
+
+def retire_unwanted(var: VarDir, space: str) -> None:
+    """Removes the ports file of each instance beyond the wanted number (its program is gone
+    too), so the space's status no longer lists it; its pinned port stays for a later return."""
+    wanted = set(gateway_ids(var))
+    for ports in (var.root / "gateways" / space).glob("*/ports.json"):
+        if ports.parent.name not in wanted:
+            ports.unlink(missing_ok=True)
+
+
+def gateway_dir(var: VarDir, space: str, gateway_id: str = GATEWAY_ID) -> Path:
+    """Where a gateway of `space` runs and writes its ports file (`<var>/gateways/...`)."""
+    return var.root / "gateways" / space / gateway_id
+
+
+def pinned_port(var: VarDir, space: str, gateway_id: str = GATEWAY_ID) -> int | None:
+    """The MQTT port a gateway of the space keeps; None before `ensure_pinned_port` chose one."""
+    try:
+        return int((gateway_dir(var, space, gateway_id) / PORT_FILE).read_text())
     except (OSError, ValueError):
         return None
 
 
-def ensure_pinned_port(var: VarDir, space: str) -> int:
-    """Chooses the space's MQTT port once (a free one) and keeps it."""
-    port = pinned_port(var, space)
+def ensure_pinned_port(var: VarDir, space: str, gateway_id: str = GATEWAY_ID) -> int:
+    """Chooses a gateway's MQTT port once (a free one) and keeps it."""
+    port = pinned_port(var, space, gateway_id)
     if port is None:
-        folder = gateway_dir(var, space)
+        folder = gateway_dir(var, space, gateway_id)
         folder.mkdir(parents=True, exist_ok=True)
         port = unclaimed_port()
         partial = folder / f".{PORT_FILE}.partial"
@@ -50,13 +88,19 @@ def ensure_pinned_port(var: VarDir, space: str) -> int:
 
 
 def gateway_command(
-    var: VarDir, *, space: str, router: RouterWorkload, port: int, executable: str
+    var: VarDir,
+    *,
+    space: str,
+    router: RouterWorkload,
+    port: int,
+    executable: str,
+    gateway_id: str = GATEWAY_ID,
 ) -> list[str]:
-    """How the runtime starts the gateway of `space`, in front of `router`'s client port."""
+    """How the runtime starts a gateway of `space`, in front of `router`'s client port."""
     return [
         executable,
         f"--listen=127.0.0.1:{port}",
         f"--router=127.0.0.1:{router.ports.amqp}",
-        f"--gateway-id={space}-{GATEWAY_ID}",
-        f"--ports-file={gateway_dir(var, space) / 'ports.json'}",
+        f"--gateway-id={space}-{gateway_id}",
+        f"--ports-file={gateway_dir(var, space, gateway_id) / 'ports.json'}",
     ]

@@ -2,10 +2,10 @@
 
 In: the var dir's ports file (<var>/ports.json), when an earlier `up` wrote one. Out: `Ports`,
 one loopback port per control-plane listener (etcd's two, config, storage-controller,
-router-agent, subscription), written back when anything changed. Kept so that a restart, of one
-process or of the whole thing, keeps the addresses clients already know; a port taken meanwhile
-by somebody else makes the whole set fresh. Routers and brokers are not here: their ports are
-pinned in their rendered workloads.
+router-agent, subscription, the web console), written back when anything changed. Kept so that
+a restart, of one process or of the whole thing, keeps the addresses clients already know; a
+port taken meanwhile by somebody else makes the whole set fresh. Routers and brokers are not
+here: their ports are pinned in their rendered workloads.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ class Ports:
     storage_controller: int
     router_agent: int
     subscription: int
+    console: int
 
 
 def port_is_free(port: int) -> bool:

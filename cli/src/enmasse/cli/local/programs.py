@@ -1,9 +1,9 @@
 """What runs: the control plane's programs and the supervisord config that runs them.
 
 In: the var dir and the chosen `Ports`. Out: one command line per control-plane program
-(`program_commands`: etcd, config, storage-controller, router-agent, subscription and `runtime`,
-in start order), a `[program:x]` section per program (`program_section`, the routers' and
-brokers' too, which the runtime writes into <var>/supervisor.d/) and the whole
+(`program_commands`: etcd, config, storage-controller, router-agent, subscription, `runtime` and
+the web console, in start order), a `[program:x]` section per program (`program_section`, the
+routers' and brokers' too, which the runtime writes into <var>/supervisor.d/) and the whole
 <var>/supervisord.conf (`render_supervisord_conf`). Pure: text out, nothing started; the tests
 read the rendered config directly.
 
@@ -31,16 +31,24 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from enmasse.cli.client import CliError
+from enmasse.cli.client import OPERATOR_HOLDER, CliError
 from enmasse.cli.local.ports import Ports
 from enmasse.cli.local.tls import CONFIG_ETCD, ETCD
 from enmasse.cli.local.var_dir import VarDir
-from enmasse.common.certificates import TlsFiles
+from enmasse.common.certificates import CA_FILE, TlsFiles
 
 ETCD_BINARY = "/usr/bin/etcd"
 # The control plane, in start order: what `up` starts and waits for. Routers and brokers are not
 # here: the `runtime` program adds and removes them as the GitOps output says (runtime.py).
-PROGRAMS = ("etcd", "config", "storage-controller", "router-agent", "subscription", "runtime")
+PROGRAMS = (
+    "etcd",
+    "config",
+    "storage-controller",
+    "router-agent",
+    "subscription",
+    "runtime",
+    "console",
+)
 
 
 def installed_program(name: str) -> str:
@@ -115,6 +123,19 @@ def program_commands(*, var: VarDir, ports: Ports) -> dict[str, list[str]]:
         ],
         # Rendered router and broker workloads -> supervisor programs, for as long as we run.
         "runtime": [installed_program("enmasse"), f"--var-dir={var.root}", "runtime", "reconcile"],
+        # The web console: a client of config like the CLI (TLS verified against the published
+        # CA, the logged-in user's token on each call); plain HTTP on loopback only. Its live
+        # figures: the routers and brokers found under the var dir, asked with the operator's
+        # read-only certificate, for the spaces a user's token may see.
+        "console": [
+            installed_program("enmasse-console"),
+            f"--listen=127.0.0.1:{ports.console}",
+            f"--config={config}",
+            f"--ca-file={var.tls / CA_FILE}",
+            f"--url-file={var.console_url}",
+            f"--var-dir={var.root}",
+            f"--operator-tls-dir={var.tls_dir(OPERATOR_HOLDER)}",
+        ],
     }
 
 

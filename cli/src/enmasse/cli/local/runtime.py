@@ -11,7 +11,10 @@ supervisord.conf), and supervisord told about every change through its XML-RPC A
 Why so: supervisord already restarts a crashed router or broker with back-off, logs it and stops
 it with `down`; this module only follows the files. The loop runs as one more supervised program
 (`enmasse runtime reconcile`, see programs.PROGRAMS), so it outlives `up` and comes back when
-killed.
+killed. It sleeps until a file under the GitOps output changes (inotify, through watchfiles) and
+does one pass per burst of changes, plus one every REVIVE_EVERY seconds (which also revives
+programs supervisord gave up on, and picks up a changed number of MQTT gateway instances): an
+idle runtime reads nothing.
 
 What a rendered file says and how its router or broker is started locally is the resource
 model's (`enmasse.resources.rendered_routers`, `rendered_brokers`): the services that render the
@@ -25,8 +28,9 @@ adds nothing. Every router, and a brokered space's broker, is a client endpoint:
 own amqps certificate (<var>/tls/endpoints/<program>/, naming the program; `tls.py`), issued
 before it starts, and its pinned amqps port.
 
-Each standard space also gets its MQTT gateway (`enmasse-mqtt-gateway`, local/gateways.py) in
-front of its first router, on a port chosen once and kept, started after the routers.
+Each standard space also gets its MQTT gateways (`enmasse-mqtt-gateway`, local/gateways.py; one,
+or as many as `enmasse up --mqtt-gateways N` asked for) in front of its routers, each on a port
+chosen once and kept, started after the routers.
 
 `desired_programs` and `program_files` are pure (paths in, names and texts out) for the tests.
 """
@@ -48,7 +52,9 @@ from enmasse.cli.local.gateways import (
     ensure_pinned_port,
     gateway_command,
     gateway_dir,
+    gateway_ids,
     pinned_port,
+    retire_unwanted,
 )
 from enmasse.cli.local.programs import PROGRAMS, installed_program, program_section
 from enmasse.cli.local.supervisor import apply_config_changes, supervisor_proxy
@@ -68,6 +74,7 @@ from enmasse.resources.rendered_routers import (
     local_router_command,
     local_router_dir,
 )
+from watchfiles import watch
 
 log = structlog.get_logger("enmasse.runtime")
 
@@ -124,8 +131,7 @@ def desired_programs(var: VarDir) -> dict[str, Program]:
                 environment=router_tls,
                 endpoint=amqps,
             )
-        gateway = _mqtt_gateway(var, space, routers.read_space(space))
-        if gateway is not None:
+        for gateway in _mqtt_gateways(var, space, routers.read_space(space)):
             programs[gateway.name] = gateway
     for space, brokers in GitOpsOutput(var.gitops).read_all().items():
         for broker in brokers.values():
@@ -147,24 +153,32 @@ def desired_programs(var: VarDir) -> dict[str, Program]:
     return programs
 
 
-def _mqtt_gateway(var: VarDir, space: str, routers: Mapping[str, RouterWorkload]) -> Program | None:
-    """The space's MQTT gateway, in front of its first router, once its port is pinned."""
-    port = pinned_port(var, space)
-    if port is None or not routers:
-        return None
-    command = gateway_command(
-        var,
-        space=space,
-        router=routers[min(routers)],
-        port=port,
-        executable=installed_program("enmasse-mqtt-gateway"),
-    )
-    return Program(
-        name=f"{space}-mqtt-gateway",
-        command=tuple(command),
-        workdir=gateway_dir(var, space),
-        priority=GATEWAY_PRIORITY,
-    )
+def _mqtt_gateways(var: VarDir, space: str, routers: Mapping[str, RouterWorkload]) -> list[Program]:
+    """The space's MQTT gateways whose ports are pinned, instance i in front of its i-th
+    router (by id, round robin): every instance reaches the same addresses and sessions."""
+    ordered = [routers[router_id] for router_id in sorted(routers)]
+    programs = []
+    for i, gateway_id in enumerate(gateway_ids(var) if ordered else []):
+        port = pinned_port(var, space, gateway_id)
+        if port is None:
+            continue
+        command = gateway_command(
+            var,
+            space=space,
+            router=ordered[i % len(ordered)],
+            port=port,
+            executable=installed_program("enmasse-mqtt-gateway"),
+            gateway_id=gateway_id,
+        )
+        programs.append(
+            Program(
+                name=f"{space}-{gateway_id}",
+                command=tuple(command),
+                workdir=gateway_dir(var, space, gateway_id),
+                priority=GATEWAY_PRIORITY,
+            )
+        )
+    return programs
 
 
 def program_files(var: VarDir, programs: Mapping[str, Program]) -> dict[str, str]:
@@ -203,8 +217,10 @@ def write_program_files(var: VarDir, files: Mapping[str, str]) -> bool:
 
 def reconcile_once(var: VarDir, *, force: bool = False) -> dict[str, list[str]]:
     """One pass: files from the GitOps output, then supervisord, when anything changed."""
-    for space in RenderedRouters(var.gitops).spaces():  # a standard space's MQTT port, once
-        ensure_pinned_port(var, space)
+    for space in RenderedRouters(var.gitops).spaces():  # a standard space's MQTT ports, once
+        for gateway_id in gateway_ids(var):
+            ensure_pinned_port(var, space, gateway_id)
+        retire_unwanted(var, space)
     programs = desired_programs(var)
     for program in programs.values():
         program.workdir.mkdir(parents=True, exist_ok=True)
@@ -232,11 +248,21 @@ def revive_fatal(proxy: Any) -> list[str]:
 
 
 def run(var: VarDir, *, interval: float = 0.5) -> None:
-    """Reconciles every `interval` seconds until SIGTERM or SIGINT."""
+    """Reconciles once, then again each time a file under the GitOps output changes (and at
+    least every REVIVE_EVERY seconds), until SIGTERM or SIGINT; a failed pass is retried after
+    `interval` seconds."""
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     log.info("reconciling", gitops=str(var.gitops), programs=str(var.programs_dir))
+    var.gitops.mkdir(parents=True, exist_ok=True)
+    changes = watch(
+        var.gitops,
+        stop_event=stop,
+        debounce=100,  # a controller's pass writes several files: one reconcile for them all
+        rust_timeout=int(REVIVE_EVERY * 1000),
+        yield_on_timeout=True,
+    )
     force = True  # a pass interrupted after writing files must still reach supervisord
     revive_at = time.monotonic() + REVIVE_EVERY
     while not stop.is_set():
@@ -249,8 +275,9 @@ def run(var: VarDir, *, interval: float = 0.5) -> None:
         except (OSError, xmlrpc.client.Error) as error:
             log.warning("reconcile failed; retrying", error=str(error))
             force = True
-        else:
-            if any(done.values()):
-                log.info("workloads changed", **done)
-        stop.wait(interval)
+            stop.wait(interval)
+            continue
+        if any(done.values()):
+            log.info("workloads changed", **done)
+        next(changes, None)  # until the GitOps output changes, REVIVE_EVERY passes, or stop
     log.info("stopped")

@@ -21,6 +21,9 @@ certificates in <var>/tls (`tls.py`), and asks config (health, tokens, phases) o
 against the published <var>/tls/ca.crt, with the admin token and no client certificate, as any
 tenant does.
 
+Progress: `up` and `down` say each step as it begins through their `step` callback (the CLI's
+progress display, progress.py; silent by default).
+
 Pure parts (the uptime text, `stopped_text`) are plain functions that tests call directly.
 """
 
@@ -32,7 +35,7 @@ import os
 import signal
 import time
 import xmlrpc.client
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,13 +125,21 @@ def exclusive(var: VarDir) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def up(var: VarDir) -> tuple[str, bool]:
+Step = Callable[[str], None]
+"""Says what `up` or `down` does now (the CLI's progress display, progress.py)."""
+
+
+def _silent(_text: str) -> None:
+    return None
+
+
+def up(var: VarDir, *, step: Step = _silent) -> tuple[str, bool]:
     """Starts what is not running; returns (config address, whether supervisord was started)."""
     with exclusive(var):
-        return _up(var)
+        return _up(var, step=step)
 
 
-def _up(var: VarDir) -> tuple[str, bool]:
+def _up(var: VarDir, *, step: Step) -> tuple[str, bool]:
     started = False
     ensure_admin_token(var)  # before config starts: its bootstrap admin token
     ensure_certificates(var)  # before anything starts: every port speaks mutual TLS
@@ -143,15 +154,20 @@ def _up(var: VarDir) -> tuple[str, bool]:
                 f"{stopped_text(left)} of an earlier run still run without their supervisord: "
                 "run `enmasse down` first"
             )
+        step(f"starting supervisord and the control plane ({', '.join(PROGRAMS)})")
         start_supervisord(var)
         started = True
     else:
+        step("supervisord runs: starting what is not running")
         refresh_supervisord(var)
         ensure_programs_running(var)
+    step(f"waiting for the config service at {config_address(var)}")
     address = wait_config_healthy(var)
+    step("making the control-plane services' tokens")
     ensure_service_tokens(var, address=address)
     # Healthy can come before supervisord's `startsecs` are over: wait for RUNNING, so that
     # `status` right after `up` says so.
+    step("waiting until every program runs")
     wait_until(lambda: all_running(var), timeout=10)
     return address, started
 
@@ -212,18 +228,19 @@ def _kill_if_still_alive(pid: int, *, after: float) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def down(var: VarDir) -> list[tuple[str, int]]:
+def down(var: VarDir, *, step: Step = _silent) -> list[tuple[str, int]]:
     """Stops every program and supervisord; returns what was stopped as (name, pid)."""
     if not var.root.is_dir():
         return []
     with exclusive(var):
-        return _down(var)
+        return _down(var, step=step)
 
 
-def _down(var: VarDir) -> list[tuple[str, int]]:
+def _down(var: VarDir, *, step: Step) -> list[tuple[str, int]]:
     supervisord = supervisord_pid(var)
     stopped: list[tuple[str, int]] = []
     for name, pid in orphans(var):
+        step(f"stopping {name} (pid {pid}), left without its supervisord")
         os.kill(pid, signal.SIGTERM)
         _kill_if_still_alive(pid, after=10)
         stopped.append((name, pid))
@@ -234,9 +251,11 @@ def _down(var: VarDir) -> list[tuple[str, int]]:
             for info in proxy.supervisor.getAllProcessInfo()
             if info["pid"]
         ]
+        step("stopping the runtime loop")
         with contextlib.suppress(xmlrpc.client.Fault):  # first: it would add routers/brokers
             proxy.supervisor.stopProcess("runtime", True)
-        _stop_workloads_first(var, proxy)
+        _stop_workloads_first(var, proxy, step=step)
+        step("stopping the control plane")
         proxy.supervisor.stopAllProcesses(True)
         with contextlib.suppress(OSError, xmlrpc.client.Error):
             proxy.supervisor.shutdown()
@@ -245,6 +264,7 @@ def _down(var: VarDir) -> list[tuple[str, int]]:
         for _name, pid in children:
             _kill_if_still_alive(pid, after=10)
     if supervisord is not None:
+        step(f"stopping supervisord (pid {supervisord})")
         if not supervisor_answers(var) and pid_alive(supervisord):
             os.kill(supervisord, signal.SIGTERM)
         if not wait_until(lambda: not pid_alive(supervisord), timeout=15):
@@ -256,7 +276,7 @@ def _down(var: VarDir) -> list[tuple[str, int]]:
     return stopped
 
 
-def _stop_workloads_first(var: VarDir, proxy: Any) -> None:
+def _stop_workloads_first(var: VarDir, proxy: Any, *, step: Step) -> None:
     """Routers and brokers stop before the control plane, which sees them go: the router-agent
     takes their addresses out of Active, so the store that outlives `down` holds no phase the
     next `up` would find untrue. Bounded; a router-agent that is not running is not waited for."""
@@ -264,6 +284,7 @@ def _stop_workloads_first(var: VarDir, proxy: Any) -> None:
     workloads = [i["name"] for i in infos if i["name"] not in PROGRAMS and i["statename"] in LIVE]
     if not workloads:
         return
+    step(f"stopping routers and brokers ({', '.join(sorted(workloads))})")
     for name in workloads:
         with contextlib.suppress(xmlrpc.client.Fault):  # stopped meanwhile
             proxy.supervisor.stopProcess(name, False)
@@ -275,6 +296,7 @@ def _stop_workloads_first(var: VarDir, proxy: Any) -> None:
     wait_until(stopped, timeout=WORKLOADS_STOP_TIMEOUT)
     agent = {i["name"]: i["statename"] for i in infos}.get("router-agent")
     if agent == "RUNNING":
+        step("waiting until the router-agent takes their addresses out of Active")
         # A list that failed (None: a slow or busy config service) is no answer: keep waiting,
         # or the next `up` finds Active phases no router runs.
         wait_until(lambda: routed_addresses_active(var) == [], timeout=PHASES_RECORDED_TIMEOUT)

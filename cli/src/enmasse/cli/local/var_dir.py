@@ -62,6 +62,11 @@ class VarDir:
         return self.run / "config.addr"
 
     @property
+    def console_url(self) -> Path:
+        """Where the web console writes its URL once it listens (`enmasse-console --url-file`)."""
+        return self.run / "console.url"
+
+    @property
     def config_port_file(self) -> Path:
         return self.run / "config.port"
 
