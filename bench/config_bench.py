@@ -9,9 +9,15 @@ temp dir, measures, prints a table and stops both by PID:
   10 watchers (p50 / p99 over every (create, watcher) pair);
 - List of 10,000 addresses in one space (seconds per ListAddresses call; the 10,000 are written by
   Apply in batches of 500), and the create rate in that crowded space (a write costs no scan of
-  its space: it checks against the service's in-memory catalog).
+  its space: it checks against the service's in-memory catalog);
+- status writes/s in a space of 5,000 addresses, every address's status written once: one
+  UpdateAddressStatus call per address (32 in flight, as the router-agent did), then
+  UpdateAddressStatuses in calls of 1,000 (`enmasse.resources.status_batches`, as the
+  controllers do now; config commits each call in transactions of 127 statuses), each on the
+  resource_version a List just read (compare-and-swap, as the controllers write).
 
-Run: `.venv/bin/python -m bench.config_bench [--creates N] [--fanout N] [--list-size N]`, or
+Run: `.venv/bin/python -m bench.config_bench [--creates N] [--fanout N] [--list-size N]
+[--status-size N]`, or
 through the shared harness: `.venv/bin/python -m bench config [--quick]`.
 The machine's cores are shared with whatever else runs: read the figures as orders of magnitude.
 """
@@ -28,6 +34,7 @@ from pathlib import Path
 
 import grpc
 from enmasse.resources.kinds import resource_of
+from enmasse.resources.status_batches import batch_request, status_batches, status_request
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
 from bench.harness import Context, Table, suite
@@ -100,6 +107,8 @@ async def fanout_latency(target: str, *, watchers: int, creates: int, space: str
         for call in calls:
             async with asyncio.timeout(30):
                 event = await call.read()
+                while not event.object.address.metadata.name.startswith("f-"):
+                    event = await call.read()  # the space's DLQ, created with its first queue
             if event.object.address.metadata.name != name:
                 raise RuntimeError(f"watcher saw {event.object.address.metadata.name}, not {name}")
             latencies.append(time.perf_counter() - sent)
@@ -131,9 +140,56 @@ async def list_time(target: str, *, size: int, space: str, batch: int = 500) -> 
             started = time.perf_counter()
             listed = await stub.ListAddresses(config_pb2.ListRequest(space=space), timeout=120)
             times.append(time.perf_counter() - started)
-            if len(listed.items) != size:
-                raise RuntimeError(f"listed {len(listed.items)} addresses, expected {size}")
+            mine = [a for a in listed.items if a.metadata.name.startswith("l-")]  # not the DLQ
+            if len(mine) != size:
+                raise RuntimeError(f"listed {len(mine)} addresses, expected {size}")
         return statistics.median(times)
+
+
+async def status_rates(target: str, *, size: int, space: str) -> tuple[float, float]:
+    """(status writes/s one call per address, status writes/s batched) over `size` addresses."""
+    async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
+        stub = config_pb2_grpc.ConfigServiceStub(channel)
+        for start in range(0, size, 500):
+            resources = [
+                resource_of(address(f"s-{n}", space=space))
+                for n in range(start, min(size, start + 500))
+            ]
+            await stub.Apply(
+                config_pb2.ApplyRequest(space=space, manager="bench", resources=resources),
+                timeout=120,
+            )
+
+        async def listed() -> list[resources_pb2.Address]:
+            answer = await stub.ListAddresses(config_pb2.ListRequest(space=space), timeout=120)
+            return [a for a in answer.items if a.metadata.name.startswith("s-")]
+
+        def statused(phase: str) -> resources_pb2.AddressStatus:
+            status = resources_pb2.AddressStatus()
+            status.status.phase = phase
+            return status
+
+        slots = asyncio.Semaphore(32)
+
+        async def single(a: resources_pb2.Address) -> None:
+            async with slots:
+                await stub.UpdateAddressStatus(
+                    status_request(a, statused("Configuring")), timeout=120
+                )
+
+        addresses = await listed()
+        started = time.perf_counter()
+        await asyncio.gather(*(single(a) for a in addresses))
+        one_by_one = len(addresses) / (time.perf_counter() - started)
+
+        writes = [(a, statused("Active")) for a in await listed()]
+        started = time.perf_counter()
+        for batch in status_batches(writes):
+            await stub.UpdateAddressStatuses(batch_request(batch), timeout=120)
+        batched = len(writes) / (time.perf_counter() - started)
+        if any(a.status.status.phase != "Active" for a in await listed()):
+            raise RuntimeError("a batched status was not stored")
+        return one_by_one, batched
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -150,7 +206,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[tuple[str, str]]:
         config.start()
         async with grpc.aio.insecure_channel(config.target) as channel:
             await prepare(
-                config_pb2_grpc.ConfigServiceStub(channel), ["one", "eight", "fan", "big"]
+                config_pb2_grpc.ConfigServiceStub(channel),
+                ["one", "eight", "fan", "big", "statuses"],
             )
         one = await create_rate(config.target, clients=1, creates=args.creates, space="one")
         eight = await create_rate(config.target, clients=8, creates=args.creates, space="eight")
@@ -159,6 +216,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[tuple[str, str]]:
         )
         listing = await list_time(config.target, size=args.list_size, space="big")
         crowded = await create_rate(config.target, clients=1, creates=args.creates, space="big")
+        single, batched = await status_rates(config.target, size=args.status_size, space="statuses")
     finally:
         config.stop()
         etcd.stop()
@@ -178,16 +236,28 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[tuple[str, str]]:
             f"address create rate, 1 client, in a space of {args.list_size} addresses",
             f"{crowded:.0f} ops/s",
         ),
+        (
+            f"status writes, UpdateAddressStatus, 1 a call ({args.status_size} addresses)",
+            f"{single:.0f} writes/s",
+        ),
+        (
+            f"status writes, UpdateAddressStatuses, 1,000 a call ({args.status_size} addresses)",
+            f"{batched:.0f} writes/s",
+        ),
     ]
 
 
-@suite("config", "config service: create rate, watch fan-out, List of 10,000 addresses")
+@suite(
+    "config",
+    "config service: create rate, watch fan-out, List of 10,000 addresses, status writes/s",
+)
 def config_suite(ctx: Context) -> Iterator[Table]:
     """The same measurements through the shared harness (`python -m bench config [--quick]`)."""
     args = argparse.Namespace(
         creates=80 if ctx.quick else 400,
         fanout=40 if ctx.quick else 200,
         list_size=2_000 if ctx.quick else 10_000,
+        status_size=1_000 if ctx.quick else 5_000,
     )
     with tempfile.TemporaryDirectory(prefix="config-bench-") as tmp:
         rows = asyncio.run(run(args, Path(tmp)))
@@ -202,6 +272,7 @@ def main() -> None:
     parser.add_argument("--creates", type=int, default=400)
     parser.add_argument("--fanout", type=int, default=200)
     parser.add_argument("--list-size", type=int, default=10_000)
+    parser.add_argument("--status-size", type=int, default=5_000)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="config-bench-") as tmp:
         rows = asyncio.run(run(args, Path(tmp)))

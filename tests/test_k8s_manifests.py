@@ -22,7 +22,9 @@ applied by hand. Out: assertions on what a cluster would be handed:
   probe (kubelet's grpc probe has no client certificate) answers against a real mTLS server;
 - every client endpoint the controllers render (routers, a brokered space's broker) serves amqps
   on 5671 with a cert-manager Certificate of its own, rendered beside it and mounted where its
-  flags point.
+  flags point; a brokered space's broker comes with the NetworkPolicy admitting its clients;
+- the router-agent renders as many routers as a space's plan says, and writes them back to the
+  GitOps repository as the storage-controller does its brokers (same flags, Secret, ConfigMap).
 
 A missing tool fails the test with how to install it: CI installs everything, so a skip would
 only hide a broken setup. Two negative controls prove the validators can say no.
@@ -533,7 +535,8 @@ def test_client_endpoints_serve_amqps_with_a_certificate_of_their_own() -> None:
     }
     router_flags = {option for param in router_main.params for option in param.opts}
     for service_name, text in rendered.items():
-        objects = [doc for doc in yaml.safe_load_all(text) if doc]
+        # A brokered space's broker has its clients' NetworkPolicy last (tested below).
+        objects = [d for d in yaml.safe_load_all(text) if d and d["kind"] != "NetworkPolicy"]
         assert [o["kind"] for o in objects] == ["Service", "Certificate", "StatefulSet"]
         service, certificate, statefulset = objects
         assert [e for o in (service, statefulset) if (e := strict_schema_errors(o))] == []
@@ -746,3 +749,97 @@ def test_rendered_broker_workloads_are_valid_and_fenced(tmp_path: Path) -> None:
     assert (ROOT / "services" / "broker" / "Dockerfile").exists()
     settings = parse_settings(container["args"])
     assert settings is not None
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_router_agent_writes_its_routers_back_like_the_storage_controller(
+    overlay: str,
+) -> None:
+    """Its Deployment renders into a working copy (emptyDir) of the repository the enmasse-gitops
+    ConfigMap names, with the enmasse-gitops Secret's credentials: what its own parser reads."""
+    from enmasse.router_agent.main import parse_args
+
+    objects = build(overlay)
+    repository = named(objects, "ConfigMap")["enmasse-gitops"]["data"]["repo"]
+    for name in ("router-agent", "storage-controller"):
+        pod = named(objects, "Deployment")[name]["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        env = {e["name"]: e for e in container["env"]}
+        reference = env["ENMASSE_GITOPS_REPO"]["valueFrom"]["configMapKeyRef"]
+        assert (reference["name"], reference["key"]) == ("enmasse-gitops", "repo"), name
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        checkout = _flag(container["args"], "--gitops-dir") or ""
+        assert volumes[mounts[checkout]] == {"name": mounts[checkout], "emptyDir": {}}, name
+        assert _secret_mounts(pod, container)["/etc/enmasse/gitops"] == "enmasse-gitops", name
+    agent = named(objects, "Deployment")["router-agent"]["spec"]["template"]["spec"]
+    args = agent["containers"][0]["args"]
+    # Kubernetes expands $(ENMASSE_GITOPS_REPO) in args from the env: the ConfigMap's value.
+    expanded = [a.replace("$(ENMASSE_GITOPS_REPO)", repository) for a in args]
+    parsed = parse_args(expanded)
+    assert parsed.gitops_repo == repository
+    assert (parsed.gitops_dir, parsed.gitops_branch) == ("/var/lib/enmasse/gitops", "main")
+    assert str(parsed.git_credentials) == "/etc/enmasse/gitops"
+    assert parsed.routers_per_space is None, "the plans say how many routers, not a flag"
+
+
+def test_router_workloads_rendered_from_a_plan_are_valid(tmp_path: Path) -> None:
+    """A plan's minRouters is the number of router files the agent writes; each passes the
+    strict schemas Argo CD's workloads ApplicationSet will be held to."""
+    from enmasse.router_agent.workloads import RouterWorkloads, router_count
+    from enmasse.v1 import resources_pb2
+
+    plan = resources_pb2.AddressSpacePlan(
+        metadata={"name": "standard-pair"},
+        spec={"address_space_type": "standard", "quotas": {"min_routers": 2, "max_routers": 3}},
+    )
+    count = router_count(space="shop", plan_name="standard-pair", plan=plan)
+    assert count.why == "space shop: 2 routers (plan standard-pair: min 2)"
+    output = RouterWorkloads(tmp_path)
+    assert output.ensure_space("shop", routers=count.routers) == ["router-0", "router-1"]
+    files = sorted((tmp_path / "workloads" / "shop").glob("*.yaml"))
+    assert [f.name for f in files] == ["router-0.yaml", "router-1.yaml"]
+    objects = [doc for f in files for doc in yaml.safe_load_all(f.read_text()) if doc]
+    core = [o for o in objects if not is_custom_resource(o)]
+    assert sorted({o["kind"] for o in core}) == ["Service", "StatefulSet"]
+    assert [e for o in core if (e := strict_schema_errors(o))] == []
+    custom = [o for o in objects if is_custom_resource(o)]
+    assert [v for v in argocd_verdicts(custom) if v["errors"]] == []
+    statefulsets = sorted(o["metadata"]["name"] for o in objects if o["kind"] == "StatefulSet")
+    assert statefulsets == ["shop-router-0", "shop-router-1"]
+
+
+def test_a_brokered_spaces_broker_admits_its_clients_from_anywhere() -> None:
+    """Its clients reach it through its Service from outside the namespace: the NetworkPolicy
+    rendered with it admits 5672 and 5671, from any source, to that broker's pod alone (not its
+    admin port, not another broker); a standard space's broker, reached by routers only, gets
+    none."""
+    from enmasse.resources.rendered_brokers import Broker, LocalPorts
+    from enmasse.storage_controller.workloads import render_broker
+
+    text = render_broker(
+        space="jms",
+        broker=Broker("jms-broker-0", pooled=True),
+        ports=LocalPorts(5, 6, amqps=7),
+        routers_only=False,
+    )
+    objects = [doc for doc in yaml.safe_load_all(text) if doc]
+    (policy,) = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    assert strict_schema_errors(policy) is None
+    assert policy["metadata"]["name"] == "jms-broker-0-clients"
+    (service,) = [o for o in objects if o["kind"] == "Service"]
+    (statefulset,) = [o for o in objects if o["kind"] == "StatefulSet"]
+    pod_labels = statefulset["spec"]["template"]["metadata"]["labels"]
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector == service["spec"]["selector"]
+    assert selector.items() <= pod_labels.items()
+    assert selector["enmasse.io/broker"] == "jms-broker-0"
+    (rule,) = policy["spec"]["ingress"]
+    assert "from" not in rule, "from anywhere"
+    assert rule["ports"] == [{"protocol": "TCP", "port": 5672}, {"protocol": "TCP", "port": 5671}]
+    service_ports = {p["port"] for p in service["spec"]["ports"]}
+    assert {5672, 5671} <= service_ports
+    standard = render_broker(
+        space="shop", broker=Broker("shop-broker-0", pooled=True), ports=LocalPorts(4, 5)
+    )
+    assert "NetworkPolicy" not in [d["kind"] for d in yaml.safe_load_all(standard) if d]

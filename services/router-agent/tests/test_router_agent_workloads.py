@@ -129,15 +129,15 @@ def test_a_router_rendered_without_an_amqps_port_gets_one_and_keeps_the_others()
 
 
 def test_the_output_keeps_ports_and_touches_only_its_own_files(tmp_path: Path) -> None:
-    output = RouterWorkloads(tmp_path, routers_per_space=2)
-    assert output.ensure_space("shop") == ["router-0", "router-1"]
+    output = RouterWorkloads(tmp_path)
+    assert output.ensure_space("shop", routers=2) == ["router-0", "router-1"]
     first = output.read_space("shop")
-    assert output.ensure_space("shop") == []  # nothing changed: no byte written
+    assert output.ensure_space("shop", routers=2) == []  # nothing changed: no byte written
     assert output.read_space("shop") == first  # ports kept
     broker = tmp_path / "workloads/shop/broker-0.yaml"  # the storage-controller's
     broker.write_text("kind: StatefulSet\nmetadata: {labels: {app.kubernetes.io/managed-by: x}}\n")
-    shrunk = RouterWorkloads(tmp_path, routers_per_space=1)
-    assert shrunk.ensure_space("shop") == ["router-1"]
+    shrunk = RouterWorkloads(tmp_path)
+    assert shrunk.ensure_space("shop", routers=1) == ["router-1"]
     assert shrunk.spaces() == ["shop"]
     assert shrunk.remove_space("shop") == ["router-0"]
     assert shrunk.spaces() == []

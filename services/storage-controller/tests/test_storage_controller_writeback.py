@@ -14,14 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+from enmasse.resources.gitops_writeback import Credentials, WorkloadRepository, commit_message
 from enmasse.resources.rendered_brokers import Broker, GitOpsOutput
 from enmasse.storage_controller.controller import StorageController
-from enmasse.storage_controller.gitops_writeback import (
-    Credentials,
-    WorkloadRepository,
-    change_reasons,
-    commit_message,
-)
+from enmasse.storage_controller.gitops_writeback import change_reasons
 from enmasse.storage_controller.placement import Placement
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
@@ -108,7 +104,9 @@ async def test_a_new_broker_is_committed_and_its_removal_too(
         git, "init", "--quiet", "--bare", "--initial-branch=main", str(bare), cwd=tmp_path
     )
     output = GitOpsOutput(tmp_path / "checkout")
-    repository = WorkloadRepository(output.root, remote=str(bare), branch="main")
+    repository = WorkloadRepository(
+        output.root, remote=str(bare), author="enmasse-storage-controller", branch="main"
+    )
     await asyncio.to_thread(repository.prepare)
     controller = StorageController(
         config_target=config_server.target,

@@ -37,13 +37,17 @@ reading kept, because a router must not lose its mesh over a torn write; a file 
 a process the runtime removed. The one-broker answer reads the broker's file on every call and is
 None while the file is missing, torn or malformed: "not running", as far as the directory knows
 (the storage-controller then falls back on the ports its rendered manifest pins).
+
+`follow_ports_files` is how a reader learns that the picture moved without rereading it on a
+timer: it waits on inotify (watchfiles) under the three trees and calls back once per burst of
+ports files written or removed; the journals and logs beside them never wake it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -51,6 +55,7 @@ from typing import Any, Protocol, TypeVar
 import structlog
 from enmasse.resources.contracts import AMQP, AMQPS, MQTT
 from enmasse.v1 import resources_pb2
+from watchfiles import Change, awatch
 
 log = structlog.get_logger(__name__)
 LOOPBACK = "127.0.0.1"
@@ -205,6 +210,11 @@ class LocalDirectory:
         self._refused_brokers: set[str] = set()
         self._refused_gateways: set[str] = set()
 
+    @property
+    def roots(self) -> tuple[Path, ...]:
+        """The trees its ports files are under (what `follow_ports_files` watches)."""
+        return (self._routers.root, self._brokers.root, self._gateways.root)
+
     def refresh(self) -> bool:
         routers_moved = self._routers.refresh()
         brokers_moved = self._brokers.refresh()
@@ -287,3 +297,16 @@ def write_ports(path: Path, ports: Mapping[str, int]) -> None:
     partial = path.with_name(f".{path.name}.partial")
     partial.write_text(json.dumps(dict(ports)))
     os.replace(partial, path)
+
+
+async def follow_ports_files(roots: Sequence[Path], on_change: Callable[[], None]) -> None:
+    """Calls `on_change` each time ports files under `roots` are written or removed (once per
+    burst), until cancelled. The roots are made if missing: a tree nobody wrote yet is watched."""
+    for root in roots:
+        root.mkdir(parents=True, exist_ok=True)
+    async for _changes in awatch(*roots, watch_filter=_is_ports_file, debounce=100):
+        on_change()
+
+
+def _is_ports_file(_change: Change, path: str) -> bool:
+    return path.endswith(f"/{PORTS_FILE}")

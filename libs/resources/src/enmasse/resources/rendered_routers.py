@@ -17,6 +17,9 @@ The contract (StatefulSet metadata, as for brokers):
   (clients and peers keep them across restarts). The router writes them back to
   `<var>/routers/<space>/<id>/ports.json`, which is where the agent's directory finds it.
 
+How many routers a standard space runs is its plan's (`plan_routers`): `min_routers`, and at
+least one; validation keeps it within `max_routers`.
+
 Every router is a client endpoint on two ports: amqp (plain TCP) and amqps (TLS with a
 certificate naming that router: in a cluster the Certificate rendered beside it, locally one the
 runtime issues, `local_router_command`'s `endpoint_tls`).
@@ -55,6 +58,7 @@ from enmasse.resources.workload_files import (
     owned_files,
     sync_files,
 )
+from enmasse.v1 import resources_pb2
 
 MANAGER = "enmasse-router-agent"
 LABEL_ROUTER = "enmasse.io/router"
@@ -98,6 +102,12 @@ def read_router(text: str) -> RouterWorkload | None:
         )
     except (KeyError, ValueError) as error:
         raise WorkloadError(f"router workload lacks a readable {error}") from error
+
+
+def plan_routers(quotas: resources_pb2.Quotas) -> int:
+    """The routers each standard space of a plan with these quotas runs: its min_routers, and at
+    least one (a space without a router has no endpoint)."""
+    return max(quotas.min_routers, 1)
 
 
 class RenderedRouters:

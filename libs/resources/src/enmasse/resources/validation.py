@@ -89,6 +89,21 @@ def max_message_size_problem(size: int) -> str | None:
     return None
 
 
+def min_routers_problem(*, space_type: str, quotas: resources_pb2.Quotas) -> str | None:
+    """Why a plan's min_routers cannot be met, or None. Each standard space runs that many
+    routers (`rendered_routers.plan_routers`; 0: one); max_routers 0 means no maximum."""
+    wanted, most = quotas.min_routers, quotas.max_routers
+    if wanted < 0:
+        return f"must not be negative, got {wanted} (0 means one router)"
+    if wanted == 0:
+        return None
+    if space_type == BROKERED:
+        return "applies to standard address spaces only: a brokered space has no routers"
+    if most > 0 and wanted > most:
+        return f"must be at most max_routers ({most}), got {wanted}"
+    return None
+
+
 def address_problem(address: str, *, subscription_queue: bool = False) -> str | None:
     """Why `address` cannot be an address string, or None when it can: the one rule.
 
@@ -553,6 +568,9 @@ class _Rules:
         size_problem = max_message_size_problem(quotas.max_message_size)
         if size_problem:
             self.bad("spec.quotas.max_message_size", size_problem)
+        routers_problem = min_routers_problem(space_type=spec.address_space_type, quotas=quotas)
+        if routers_problem:
+            self.bad("spec.quotas.min_routers", routers_problem)
         if spec.address_space_type == BROKERED:
             # The login policy is what a standard space's routers enforce; a brokered space has
             # none, so a plan saying it allows more would promise what nobody does.

@@ -25,8 +25,9 @@ its addresses and its users; a tenant-admin reads its space (and its status) but
 change or delete it: that is the admin's, as are the plans every space uses.
 
 What an RPC is (`OPERATIONS`: a verb and a kind) is read from the service's own descriptor, so a
-new RPC that matches the naming (`Get<Kind>`, `List...`, `Update<Kind>Status`, ...) needs no new
-rule, and one that does not is refused to everybody until it gets one.
+new RPC that matches the naming (`Get<Kind>`, `List...`, `Update<Kind>Status`, its batch
+`Update<Kind>Statuses`, ...) needs no new rule, and one that does not is refused to everybody
+until it gets one.
 
 "secrets" (a user's password hash, on a Watch `with_secrets`) are the control plane's only: not
 even the admin reads them back.
@@ -145,6 +146,8 @@ def _operations() -> dict[str, Operation]:
             continue
         if name.startswith("Update") and name.endswith("Status"):
             table[name] = Operation(STATUS, name[len("Update") : -len("Status")])
+        elif name.startswith("Update") and name.endswith("Statuses"):  # a batch: the same rule
+            table[name] = Operation(STATUS, name[len("Update") : -len("Statuses")])
         elif method.output_type.full_name in by_list:
             table[name] = Operation(READ, by_list[method.output_type.full_name])
         elif name.startswith("Get"):

@@ -10,6 +10,13 @@ etcd transaction that compares the guard with G, and start over when somebody el
 between. Writes are serialized in-process by one lock, so concurrent requests to this process
 never race each other; the guard covers other processes.
 
+A batch of status writes (`UpdateAddressStatuses`, the controllers' pass over a space) checks
+every entry first, against one catalog, so a stale or missing entry refuses the call before
+anything is written; it then commits in as many transactions as etcd's limits need
+(`Store.commit_puts`), holding the write lock throughout, so no other write of this process
+lands between them. Only another process writing to the same etcd (config runs as one replica)
+could: the rest is then checked again on the new state and committed on top of it.
+
 Every RPC first passes the gate (`enmasse.config.gate`: the caller's token, what its role may do
 in the space the call is about, the audit event); a List or Watch of every space shows a scoped
 caller its own spaces only, an Apply is authorized as the writes it would make, and no answer
@@ -36,6 +43,7 @@ from enmasse.config.access import (
     WATCH_WITH_SECRETS,
     Decision,
     Identity,
+    authorize,
     authorize_applied,
     first_refusal,
     sees,
@@ -51,6 +59,7 @@ from enmasse.config.watch import watch_events
 from enmasse.config.writes import Refused
 from enmasse.resources.kinds import KINDS, SPACE_SCOPED_KINDS, AnyObject, Key, key_of
 from enmasse.resources.plans import load_default_plans
+from enmasse.resources.status_batches import ENTRY_TRAILER
 from enmasse.resources.validation import Catalog
 from enmasse.v1 import config_pb2, config_pb2_grpc
 
@@ -109,7 +118,7 @@ class ConfigServicer(config_pb2_grpc.ConfigServiceServicer):
             answer = await run(identity)
         except Refused as refused:
             outcome, reason = refused.code.name, refused.message
-            await context.abort(refused.code, refused.message)
+            await context.abort(refused.code, refused.message, trailing_metadata=refused.trailers)
         except StoreUnavailable as error:
             outcome, reason = "UNAVAILABLE", f"the store is unavailable: {error}"
             await context.abort(grpc.StatusCode.UNAVAILABLE, reason)
@@ -178,6 +187,54 @@ class ConfigServicer(config_pb2_grpc.ConfigServiceServicer):
         key = _named(kind, request.ref)
         call = Call(f"Update{kind}Status", space=space_of(key), kind=kind, name=key[2])
         return await self._serve(context, call, run)
+
+    async def _statuses(
+        self, request: config_pb2.UpdateAddressStatusesRequest, context: grpc.aio.ServicerContext
+    ) -> config_pb2.UpdateAddressStatusesResponse:
+        rpc_name = "UpdateAddressStatuses"
+        spaces = sorted({entry.ref.space for entry in request.entries})
+
+        async def run(identity: Identity) -> config_pb2.UpdateAddressStatusesResponse:
+            for space in spaces:  # the single RPC's rule, once per space the batch writes in
+                decision = authorize(identity, rpc_name, space)
+                if not decision.allowed:
+                    raise Refused(grpc.StatusCode.PERMISSION_DENIED, decision.reason)
+            batch = [
+                _status_write(entry, index=i, total=len(request.entries))
+                for i, entry in enumerate(request.entries)
+            ]
+            versions, revision = await self._write_batch(batch)
+            log.info("statuses written", count=len(versions), revision=revision)
+            return config_pb2.UpdateAddressStatusesResponse(
+                revision=revision, resource_versions=versions
+            )
+
+        call = Call(rpc_name, space=spaces[0] if len(spaces) == 1 else "", kind="Address")
+        return await self._serve(context, call, run)
+
+    async def _write_batch(self, batch: list[writes.StatusWrite]) -> tuple[list[int], int]:
+        """(each entry's new resource_version, the last revision); see the module docstring."""
+        done: list[int] = []
+        async with self._lock:
+            for _attempt in range(MAX_ATTEMPTS):
+                guard = await self.store.guard_revision()
+                catalog = await self.cache.at_least(guard)
+                try:
+                    puts = writes.plan_statuses(
+                        batch[len(done) :], catalog=catalog, total=len(batch)
+                    )
+                except Refused as refused:
+                    written = f"{len(done)} of the batch were written" if done else "none written"
+                    raise Refused(
+                        refused.code, f"{refused.message}; {written}", trailers=refused.trailers
+                    ) from refused
+                if not puts:
+                    return done, guard
+                done.extend(await self.store.commit_puts(puts, guard=guard))
+                if len(done) == len(batch):
+                    return done, done[-1]
+                log.info("store changed under a batch, going on", written=len(done))
+        raise Refused(grpc.StatusCode.ABORTED, "the store kept changing under the write; retry")
 
     async def _get(
         self, kind: str, ref: config_pb2.ObjectRef, context: grpc.aio.ServicerContext
@@ -281,6 +338,9 @@ class ConfigServicer(config_pb2_grpc.ConfigServiceServicer):
 
     async def UpdateAddressStatus(self, request, context):  # type: ignore[no-untyped-def]
         return await self._status("Address", request, context)
+
+    async def UpdateAddressStatuses(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._statuses(request, context)
 
     # ------------------------------------------------------------ messaging users
 
@@ -420,6 +480,20 @@ def _applied_as(identity: Identity, results: list[config_pb2.ApplyResult]) -> li
             key = (result.kind, result.ref.space, result.ref.name)
             decisions.append(authorize_applied(identity, f"{verb}{result.kind}", space_of(key)))
     return decisions
+
+
+def _status_write(
+    entry: config_pb2.UpdateAddressStatusRequest, *, index: int, total: int
+) -> writes.StatusWrite:
+    try:
+        key = _key("Address", entry.ref)
+    except Refused as refused:
+        raise Refused(
+            refused.code,
+            f"entries[{index}] of {total}: {refused.message}",
+            trailers=((ENTRY_TRAILER, str(index)),),
+        ) from refused
+    return writes.StatusWrite(key, entry.status, entry.resource_version)
 
 
 def _call_on(verb: str, key: Key) -> Call:

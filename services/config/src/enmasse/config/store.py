@@ -24,6 +24,11 @@ instance), the commit fails and the write is checked again. So every rule holds 
 state, whatever the rule, without an index key per rule. The price is that writes are
 serialized, which the config service does in-process anyway.
 
+A batch of status writes (`commit_puts`) is the one write that may take several transactions:
+thousands of addresses' statuses do not fit in one under etcd's default limits (128 operations,
+1.5 MiB a request), so they go in as many as needed, each comparing the guard with the revision
+the one before left it at.
+
 Access tokens live beside the resources, outside `resources/` (so no Watch, List or catalog ever
 sees them): found by the hash of the secret a caller presents, and by name for the admin's
 list, replace and revoke. Only the hash is stored (`enmasse.config.tokens` says why sha256).
@@ -50,6 +55,12 @@ from enmasse.v1 import config_pb2
 
 log = structlog.get_logger(__name__)
 DEFAULT_PREFIX = "/enmasse/v1"
+ETCD_MAX_TXN_OPS = 128
+"""etcd's default --max-txn-ops: the most operations in a transaction of `commit_puts`."""
+ETCD_MAX_REQUEST_BYTES = 1536 * 1024
+"""etcd's default --max-request-bytes: a transaction of `commit_puts` is smaller than this."""
+_TXN_SLACK_BYTES = 4096  # the compare, the guard's put and the framing, with room to spare
+_OP_OVERHEAD_BYTES = 16  # the framing of one put: tags and lengths
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 256 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -132,15 +143,21 @@ class Store:
         prefix: str = DEFAULT_PREFIX,
         timeout: float = 10.0,
         tls: TlsFiles | None = None,
+        max_txn_ops: int = ETCD_MAX_TXN_OPS,
+        max_request_bytes: int = ETCD_MAX_REQUEST_BYTES,
     ) -> None:
         """`tls`: config's etcd client certificate and etcd's own CA (etcd runs with
-        --client-cert-auth, and only config holds a certificate of that CA); None: plaintext."""
+        --client-cert-auth, and only config holds a certificate of that CA); None: plaintext.
+        `max_txn_ops`, `max_request_bytes`: the limits `commit_puts` splits a batch by (etcd's
+        defaults, which any etcd allows at least)."""
         self.prefix = prefix.rstrip("/")
         self._resources = f"{self.prefix}/resources/".encode()
         self._guard = f"{self.prefix}/guard".encode()
         self._tokens = f"{self.prefix}/tokens/".encode()
         self._token_names = f"{self.prefix}/token-names/".encode()
         self._timeout = timeout
+        self._max_txn_ops = max_txn_ops
+        self._max_request_bytes = max_request_bytes
         target = channel_target(endpoints)
         self._channel = peer_channel(target, tls=tls, options=_CHANNEL_OPTIONS)
         self._kv = rpc.KVStub(self._channel)
@@ -229,7 +246,48 @@ class Store:
                 start, end = self._range_of(kind, space)
                 request = rpc.DeleteRangeRequest(key=start, range_end=end)
                 ops.append(rpc.RequestOp(request_delete_range=request))
-        ops.append(rpc.RequestOp(request_put=rpc.PutRequest(key=self._guard, value=b"")))
+        return await self._guarded(ops, guard=guard)
+
+    async def commit_puts(self, puts: Sequence[tuple[Key, AnyObject]], *, guard: int) -> list[int]:
+        """Writes `puts` in order, in as few transactions as etcd's limits allow, each comparing
+        the guard with the revision the one before left it at (the first: `guard`).
+
+        Returns the revision each put was written at, for the puts written: all of them, or the
+        first ones only when somebody else wrote in between (the caller re-reads, re-checks the
+        rest and goes on).
+        """
+        revisions: list[int] = []
+        for chunk in self._transactions([(self.key(key), _stored_form(obj)) for key, obj in puts]):
+            ops = [rpc.RequestOp(request_put=rpc.PutRequest(key=k, value=v)) for k, v in chunk]
+            revision = await self._guarded(ops, guard=guard)
+            if revision is None:
+                break
+            guard = revision
+            revisions.extend([revision] * len(chunk))
+        return revisions
+
+    def _transactions(self, puts: list[tuple[bytes, bytes]]) -> list[list[tuple[bytes, bytes]]]:
+        """`puts` cut into transactions of at most max_txn_ops operations (the guard's put is one
+        of them) and under max_request_bytes each."""
+        budget = self._max_request_bytes - _TXN_SLACK_BYTES
+        chunks: list[list[tuple[bytes, bytes]]] = []
+        chunk: list[tuple[bytes, bytes]] = []
+        size = 0
+        for key, value in puts:
+            weight = len(key) + len(value) + _OP_OVERHEAD_BYTES
+            if chunk and (len(chunk) + 1 >= self._max_txn_ops or size + weight > budget):
+                chunks.append(chunk)
+                chunk, size = [], 0
+            chunk.append((key, value))
+            size += weight
+        if chunk:
+            chunks.append(chunk)
+        return chunks
+
+    async def _guarded(self, ops: list[Any], *, guard: int) -> int | None:
+        """`ops` and a bump of the guard in ONE transaction, if the guard is still at `guard`:
+        the new revision, or None when somebody wrote in between."""
+        ops = [*ops, rpc.RequestOp(request_put=rpc.PutRequest(key=self._guard, value=b""))]
         compare = rpc.Compare(
             key=self._guard,
             target=rpc.Compare.MOD,

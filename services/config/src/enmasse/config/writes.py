@@ -1,6 +1,7 @@
 """The write path of the config service, as pure functions over a catalog of the store.
 
-In: a requested change (create, update, delete, status update, or an Apply batch) and the
+In: a requested change (create, update, delete, status update, a batch of status updates, or
+an Apply batch) and the
 `Catalog` of everything stored, as of the last write. Out: a `Commit` (what to put and delete, in
 one transaction) and what to answer, or `Refused` with the gRPC status code and the exact message.
 The catalog is only read, never changed: it is the service's shared cache.
@@ -48,6 +49,7 @@ from enmasse.resources.kinds import (
     object_of,
     resource_of,
 )
+from enmasse.resources.status_batches import ENTRY_TRAILER
 from enmasse.resources.validation import (
     AddressIndex,
     Catalog,
@@ -64,12 +66,16 @@ Action = config_pb2.ApplyResult.Action
 
 
 class Refused(Exception):
-    """A request the service refuses: the gRPC status code and the message the caller sees."""
+    """A request the service refuses: the gRPC status code and the message the caller sees
+    (and `trailers`, trailing metadata for a program to read: the refused entry of a batch)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(
+        self, code: grpc.StatusCode, message: str, *, trailers: tuple[tuple[str, str], ...] = ()
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.trailers = trailers
 
 
 def describe(key: Key) -> str:
@@ -149,6 +155,49 @@ def plan_status(
     stored = _copy(existing)
     stored.status.CopyFrom(status)
     return Commit(puts={key: stored}), stored
+
+
+@dataclass(frozen=True)
+class StatusWrite:
+    """One entry of a batch of status writes: which object, its new status, the precondition."""
+
+    key: Key
+    status: Any
+    resource_version: int
+
+
+def plan_statuses(
+    batch: Sequence[StatusWrite], *, catalog: Catalog, total: int = 0
+) -> list[tuple[Key, AnyObject]]:
+    """A batch of status updates, all or nothing: each entry's object with its new status, in
+    order; Refused for the first entry that is stale, missing or named twice, the message naming
+    it (`total`: how many entries the whole batch has, when `batch` is the rest of one)."""
+    seen: set[Key] = set()
+    total = total or len(batch)
+    first = total - len(batch)
+    out: list[tuple[Key, AnyObject]] = []
+    for index, entry in enumerate(batch, start=first):
+        try:
+            if entry.key in seen:
+                raise Refused(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{describe(entry.key)} appears more than once in the batch",
+                )
+            seen.add(entry.key)
+            commit, _ = plan_status(
+                entry.key,
+                status=entry.status,
+                resource_version=entry.resource_version,
+                catalog=catalog,
+            )
+        except Refused as refused:
+            raise Refused(
+                refused.code,
+                f"entries[{index}] of {total}: {refused.message}",
+                trailers=((ENTRY_TRAILER, str(index)),),
+            ) from refused
+        out.extend(commit.puts.items())
+    return out
 
 
 # ---------------------------------------------------------------- bookkeeping

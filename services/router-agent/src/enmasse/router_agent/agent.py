@@ -7,7 +7,8 @@ What flows out: a RouterConfig pushed to every router of every space (same gener
 the others), Address status phase (Active / Configuring with why) and AddressSpace status
 (phase, the amqp and amqps endpoints of its routers) written through the config service, and,
 given a GitOps output directory, each standard space's router workloads rendered there
-(`workloads`).
+(`workloads`: as many routers as its plan says), and, given a write-back repository, those
+renders committed and pushed with a message saying why (`enmasse.resources.gitops_writeback`).
 
 How it is built: one reconcile pass per wake-up (a store change, a router's connection lost or
 back, or a tick that rereads the directory and probes the routers). A pass is a pure
@@ -15,7 +16,9 @@ computation (`routing`) followed by three idempotent effects: push where a route
 probe where it is not (to notice restarts), and write a status only where it differs from what
 the store holds, with compare-and-swap on the resource_version it read, so a concurrent write
 by the storage-controller (placement) is never overwritten: the write is refused (ABORTED), the
-informer brings the new version, and the next pass writes again on top of it.
+informer brings the new version, and the next pass writes again on top of it. Address
+statuses go many to a call (`enmasse.resources.status_batches`); an entry stale or gone refuses
+its batch, which goes again without it, so only that one waits for the next pass.
 
 What the agent writes into a stored address's status, and what it leaves to the
 storage-controller, is decided by `routing.status_to_write`.
@@ -43,8 +46,17 @@ from enmasse.common.credentials import TokenSource, config_channel
 from enmasse.common.metrics import LoopMetrics
 from enmasse.resources.client_access import endpoint_users
 from enmasse.resources.discovery import Directory, client_endpoints
+from enmasse.resources.gitops_writeback import WorkloadRepository
 from enmasse.resources.informer import Informer
 from enmasse.resources.kinds import object_of
+from enmasse.resources.status_batches import (
+    STATUS_BATCH_DEADLINE,
+    OwnWrites,
+    StatusWrite,
+    status_batches,
+    status_request,
+    write_batch,
+)
 from enmasse.router_agent.push import RouterSession
 from enmasse.router_agent.routing import (
     LoginPolicy,
@@ -56,7 +68,7 @@ from enmasse.router_agent.routing import (
     space_readiness,
     status_to_write,
 )
-from enmasse.router_agent.workloads import RouterWorkloads
+from enmasse.router_agent.workloads import RouterWorkloads, router_count
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2, router_pb2
 
 log = structlog.get_logger(__name__)
@@ -87,12 +99,16 @@ class RouterAgent:
         tick: float = 0.5,
         probe_every: float = 1.0,
         workloads: RouterWorkloads | None = None,
+        routers_per_space: int | None = None,
+        writeback: WorkloadRepository | None = None,
     ) -> None:
         self._config_target = config_target
         self._token = token
         self._tls = tls  # this agent's certificate: to config and to every RouterAdmin
         self.directory = directory
         self.workloads = workloads
+        self.routers_per_space = routers_per_space  # None: each space's plan says
+        self.writeback = writeback
         self.tick = tick
         self.probe_every = probe_every
         self.informer = Informer(
@@ -118,10 +134,15 @@ class RouterAgent:
         self._channel_target = ""
         self._status_tasks: dict[str, asyncio.Task[None]] = {}
         self._failing: dict[str, str] = {}
+        self._own_writes = OwnWrites()  # statuses written that the informer has not shown yet
 
     # ------------------------------------------------------------ running
 
     def _changed(self, _resource: resources_pb2.Resource) -> None:
+        self._wake.set()
+
+    def wake(self) -> None:
+        """A pass now (a router or broker started, moved or went away)."""
         self._wake.set()
 
     def start(self) -> None:
@@ -181,9 +202,25 @@ class RouterAgent:
         for gone in [name for name in self.spaces if name not in live]:
             await self._forget(gone)
         if self.workloads is not None:
-            await asyncio.to_thread(_render_workloads, self.workloads, sorted(live))
+            await self._render(self.workloads, spaces)
         stub = await self._config_stub(target)
         await asyncio.gather(*(self._space_pass(stub, space, probe=probe) for space in spaces))
+
+    async def _render(
+        self, workloads: RouterWorkloads, spaces: list[resources_pb2.AddressSpace]
+    ) -> None:
+        plans = {
+            space.metadata.name: (space.spec.plan, self._plan(space.spec.plan)) for space in spaces
+        }
+        reasons = await asyncio.to_thread(
+            _render_workloads, workloads, plans, override=self.routers_per_space
+        )
+        if self.writeback is not None:
+            self.writeback.note(reasons)
+
+    def _plan(self, name: str) -> resources_pb2.AddressSpacePlan | None:
+        found = self.informer.get("AddressSpacePlan", name)
+        return found.address_space_plan if found is not None else None
 
     async def _config_stub(self, target: str) -> config_pb2_grpc.ConfigServiceStub:
         """One channel to the config service, kept across passes (a new one if it moved)."""
@@ -317,17 +354,34 @@ class RouterAgent:
         addresses: list[resources_pb2.Address],
         phases: dict[str, Readiness],
     ) -> int:
-        writes = []
+        writes: list[StatusWrite] = []
         for address in addresses:
             wanted = phases.get(address.metadata.name)
             status = status_to_write(address, wanted) if wanted is not None else None
-            if status is not None:
-                writes.append(self._write_address(stub, address, status))
-        failures = Counter(code for code in await asyncio.gather(*writes) if code)
+            if status is not None and not self._own_writes.pending(address, status):
+                writes.append((address, status))
+        failures: Counter[str] = Counter()
+        for batch in status_batches(writes):
+            failures.update(await self._write_batch(stub, batch))
         if writes:
             self._report_failures(addresses[0].metadata.space, failures)
         self.status_writes += len(writes) - failures.total()
         return len(writes) - failures.total()
+
+    async def _write_batch(
+        self, stub: config_pb2_grpc.ConfigServiceStub, batch: list[StatusWrite]
+    ) -> Counter[str]:
+        """One batch of status writes; the failure codes of its writes (none: all written). An
+        entry that is stale or deleted meanwhile is left out, as a stale single write is: the
+        informer brings the news and the next pass writes on it."""
+        try:
+            outcome = await write_batch(stub, batch, deadline=STATUS_BATCH_DEADLINE)
+        except grpc.aio.AioRpcError as error:
+            return Counter({str(error.code().name): len(batch)})
+        for (address, status), version in outcome.written:
+            self._own_writes.note(address, status, version=version)
+        singles = [self._write_address(stub, address, status) for address, status in outcome.rest]
+        return Counter(code for code in await asyncio.gather(*singles) if code)
 
     async def _write_address(
         self,
@@ -335,13 +389,18 @@ class RouterAgent:
         address: resources_pb2.Address,
         status: resources_pb2.AddressStatus,
     ) -> str:
-        request = config_pb2.UpdateAddressStatusRequest(
-            ref=config_pb2.ObjectRef(space=address.metadata.space, name=address.metadata.name),
-            status=status,
-            resource_version=address.metadata.resource_version,
-        )
         async with self._status_slots:
-            return await _tolerant(stub.UpdateAddressStatus(request, timeout=STATUS_DEADLINE))
+            return await _tolerant(self._write_one(stub, address, status))
+
+    async def _write_one(
+        self,
+        stub: config_pb2_grpc.ConfigServiceStub,
+        address: resources_pb2.Address,
+        status: resources_pb2.AddressStatus,
+    ) -> None:
+        request = status_request(address, status)
+        written = await stub.UpdateAddressStatus(request, timeout=STATUS_DEADLINE)
+        self._own_writes.note(address, status, version=written.metadata.resource_version)
 
     async def _write_space_status(
         self,
@@ -416,14 +475,28 @@ class RouterAgent:
         return [totals[a] for a in sorted(totals)], sorted(answered), sorted(silent)
 
 
-def _render_workloads(workloads: RouterWorkloads, spaces: list[str]) -> None:
-    """Every standard space has its routers rendered; a deleted one has them no more."""
-    for space in spaces:
-        if written := workloads.ensure_space(space):
-            log.info("router workloads rendered", space=space, routers=written)
+def _render_workloads(
+    workloads: RouterWorkloads,
+    plans: dict[str, tuple[str, resources_pb2.AddressSpacePlan | None]],
+    *,
+    override: int | None,
+) -> list[str]:
+    """Every standard space (name -> its plan's name and the plan) has its routers rendered; a
+    deleted one has them no more. Returns why, for each space whose files changed."""
+    reasons = []
+    for space, (plan_name, plan) in sorted(plans.items()):
+        rendered = len(workloads.read_space(space)) if plan is None else 0
+        count = router_count(
+            space=space, plan_name=plan_name, plan=plan, override=override, rendered=rendered
+        )
+        if written := workloads.ensure_space(space, routers=count.routers):
+            log.info("router workloads rendered", space=space, routers=written, why=count.why)
+            reasons.append(count.why)
     for space in workloads.spaces():
-        if space not in spaces and (removed := workloads.remove_space(space)):
+        if space not in plans and (removed := workloads.remove_space(space)):
             log.info("router workloads removed", space=space, routers=removed)
+            reasons.append(f"space {space} deleted: remove {', '.join(removed)}")
+    return reasons
 
 
 def _add_into(totals: dict[str, router_pb2.AddressStats], entry: router_pb2.AddressStats) -> None:

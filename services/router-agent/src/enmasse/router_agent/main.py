@@ -3,7 +3,11 @@
 Reads the flags, builds the local `Directory` over the ports files the processes write
 (`<var>/routers/<space>/<id>/ports.json`, `<var>/brokers/<space>/<id>/ports.json`),
 starts the agent loop against the config service (rendering router workloads into --gitops-dir
-when given) and serves RouterAgent (with health and reflection). The bound port goes to the log,
+when given: as many per space as its plan says, or --routers-per-space) and serves RouterAgent
+(with health and reflection). With --gitops-repo (or $ENMASSE_GITOPS_REPO) the output directory
+is a git working copy of that remote, and every render that changed files is committed and
+pushed with the reason (`enmasse.resources.gitops_writeback`, as the storage-controller does),
+credentials from --git-credentials when its files are there. The bound port goes to the log,
 to stdout as `listening on <host>:<port>` and, with --port-file, into that file.
 """
 
@@ -22,7 +26,8 @@ from enmasse.common.logging import configure_logging
 from enmasse.common.metrics import add_metrics_port_flag, serve_service_metrics
 from enmasse.common.serving import start_server, until_terminated, write_port_file
 from enmasse.common.tracing import configure_service_tracing
-from enmasse.resources.discovery import LocalDirectory
+from enmasse.resources.discovery import LocalDirectory, follow_ports_files
+from enmasse.resources.gitops_writeback import Credentials, WorkloadRepository
 from enmasse.router_agent.agent import RouterAgent
 from enmasse.router_agent.servicer import SERVICE_NAME, RouterAgentServicer
 from enmasse.router_agent.workloads import RouterWorkloads
@@ -53,35 +58,64 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--routers-dir", default=None, help="default: <var>/routers")
     parser.add_argument("--brokers-dir", default=None, help="default: <var>/brokers")
     parser.add_argument("--port-file", default=None, help="write the bound port to this file")
-    parser.add_argument("--tick", type=float, default=0.5, help="seconds between passes")
+    parser.add_argument(
+        "--tick",
+        type=float,
+        default=5.0,
+        help="seconds between passes when nothing wakes the agent (store changes, routers' "
+        "connections and ports files do, at once)",
+    )
     parser.add_argument(
         "--gitops-dir",
         default=None,
         help="render each standard space's router workloads to <dir>/workloads/<space>/",
     )
-    parser.add_argument("--routers-per-space", type=int, default=1, help="routers in each mesh")
+    parser.add_argument(
+        "--routers-per-space",
+        type=int,
+        default=None,
+        help="routers in each mesh, whatever the plans say (for tests and local runs; "
+        "default: each space's plan, its min_routers and at least one)",
+    )
+    parser.add_argument(
+        "--gitops-repo",
+        default=os.environ.get("ENMASSE_GITOPS_REPO", ""),
+        help="git remote to commit and push the router workloads to ($ENMASSE_GITOPS_REPO; "
+        "needs --gitops-dir, which becomes its working copy)",
+    )
+    parser.add_argument("--gitops-branch", default="main", help="branch of --gitops-repo")
+    parser.add_argument(
+        "--git-credentials",
+        type=Path,
+        default=Path("/etc/enmasse/gitops"),
+        help="directory with username and password files (used when both are there)",
+    )
     add_tls_dir_argument(parser)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.gitops_repo and not args.gitops_dir:
+        parser.error("--gitops-repo needs --gitops-dir: the working copy the routers render to")
+    if args.routers_per_space is not None and args.routers_per_space < 1:
+        parser.error("--routers-per-space: a space needs at least one router")
+    return args
 
 
 async def serve(args: argparse.Namespace) -> None:
     var = Path(args.var)
     tls = tls_dir_files(args.tls_dir)
+    directory = LocalDirectory(
+        var,
+        routers=Path(args.routers_dir) if args.routers_dir else None,
+        brokers=Path(args.brokers_dir) if args.brokers_dir else None,
+    )
     agent = RouterAgent(
         config_target=args.config,
         token=token_file_source(args.token_file),
         tls=tls,
-        directory=LocalDirectory(
-            var,
-            routers=Path(args.routers_dir) if args.routers_dir else None,
-            brokers=Path(args.brokers_dir) if args.brokers_dir else None,
-        ),
+        directory=directory,
         tick=args.tick,
-        workloads=(
-            RouterWorkloads(Path(args.gitops_dir), routers_per_space=args.routers_per_space)
-            if args.gitops_dir
-            else None
-        ),
+        workloads=RouterWorkloads(Path(args.gitops_dir)) if args.gitops_dir else None,
+        routers_per_space=args.routers_per_space,
+        writeback=await _prepared_writeback(args),
     )
     host, _, port = args.listen.rpartition(":")
     running = await start_server(
@@ -97,6 +131,15 @@ async def serve(args: argparse.Namespace) -> None:
         tls=tls,
     )
     agent.start()
+    # A router or broker written or gone wakes a pass at once; the tick is only the safety net.
+    following = asyncio.create_task(
+        follow_ports_files(directory.roots, agent.wake), name="ports-files"
+    )
+    writing = (
+        asyncio.create_task(agent.writeback.run(), name="gitops-writeback")
+        if agent.writeback is not None
+        else None
+    )
     log.info("serving", port=running.port, config=args.config)
     sys.stdout.write(f"listening on {host or '127.0.0.1'}:{running.port}\n")
     sys.stdout.flush()
@@ -108,7 +151,26 @@ async def serve(args: argparse.Namespace) -> None:
     await until_terminated()
     log.info("stopping")
     await running.stop(grace=1.0)
+    following.cancel()
     await agent.stop()
+    if writing is not None:
+        writing.cancel()
+
+
+async def _prepared_writeback(args: argparse.Namespace) -> WorkloadRepository | None:
+    """The write-back's working copy, made before the agent reads the output: it restores the
+    routers rendered before (their ports) into an empty one."""
+    if not args.gitops_repo:
+        return None
+    repository = WorkloadRepository(
+        Path(args.gitops_dir),
+        remote=args.gitops_repo,
+        author="enmasse-router-agent",
+        branch=args.gitops_branch,
+        credentials=Credentials.from_dir(args.git_credentials),
+    )
+    await asyncio.to_thread(repository.prepare)
+    return repository
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,6 +1,8 @@
 """Router workloads rendered as Kubernetes manifests into the GitOps output.
 
-In: the standard address spaces (and how many routers each gets). Out: one YAML file per router,
+In: the standard address spaces and how many routers each gets (`router_count`: its plan's
+`min_routers`, at least one, or `--routers-per-space` where given, for tests and local runs; with
+the reason, which the GitOps write-back commits as the message). Out: one YAML file per router,
 `<gitops-dir>/workloads/<space>/<router-id>.yaml`, holding a Service, the cert-manager Certificate
 of the router's amqps port and a StatefulSet (one replica), beside the broker files the
 storage-controller renders into the same directory. In a
@@ -32,8 +34,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
 import yaml
@@ -47,6 +48,7 @@ from enmasse.resources.rendered_routers import (
     LocalRouterPorts,
     RenderedRouters,
     RouterWorkload,
+    plan_routers,
 )
 from enmasse.resources.workload_files import (
     AMQPS_PORT,
@@ -65,6 +67,7 @@ from enmasse.resources.workload_files import (
     tls_mounts,
     tls_volumes,
 )
+from enmasse.v1 import resources_pb2
 
 IMAGE = "enmasse-py/router"
 AMQP_PORT = 5672
@@ -76,6 +79,40 @@ MESH_SECRET_KEY = "secret"
 
 def router_ids(count: int) -> list[str]:
     return [f"router-{i}" for i in range(count)]
+
+
+@dataclass(frozen=True)
+class RouterCount:
+    """How many routers a space runs, and why (the commit message when its files change)."""
+
+    routers: int
+    why: str
+
+
+def router_count(
+    *,
+    space: str,
+    plan_name: str,
+    plan: resources_pb2.AddressSpacePlan | None,
+    override: int | None = None,
+    rendered: int = 0,
+) -> RouterCount:
+    """The plan's routers (`plan_routers`), or `override` (--routers-per-space) when given.
+    A plan the agent cannot see (not yet synced, or gone) keeps the `rendered` routers: no
+    router is removed for want of knowing."""
+    if override is not None:
+        return _count(space, override, f"--routers-per-space {override}")
+    if plan is None:
+        kept = rendered or 1
+        return _count(space, kept, f"plan {plan_name} not found: {'kept' if rendered else 'one'}")
+    wanted = plan.spec.quotas.min_routers
+    minimum = f"min {wanted}" if wanted > 0 else "no min_routers: one"
+    return _count(space, plan_routers(plan.spec.quotas), f"plan {plan_name}: {minimum}")
+
+
+def _count(space: str, routers: int, source: str) -> RouterCount:
+    noun = "router" if routers == 1 else "routers"
+    return RouterCount(routers, f"space {space}: {routers} {noun} ({source})")
 
 
 # Rendered again on every pass, for every space, to compare with the files: the text depends on
@@ -228,12 +265,9 @@ def kept_ports(
 class RouterWorkloads(RenderedRouters):
     """The agent's side of `<root>/workloads/<space>/<router-id>.yaml`: renders and writes."""
 
-    def __init__(self, root: Path, *, routers_per_space: int = 1) -> None:
-        super().__init__(root)
-        self.routers_per_space = routers_per_space
-
-    def ensure_space(self, space: str) -> list[str]:
-        """Renders the space's routers, keeping each one's ports; returns the ids written."""
+    def ensure_space(self, space: str, *, routers: int) -> list[str]:
+        """Renders the space's `routers` routers (`router-0` ...; the ones beyond go), keeping
+        each one's ports; returns the ids written or removed."""
         have = self.read_space(space)
         texts = {
             router_id: render_router(
@@ -243,7 +277,7 @@ class RouterWorkloads(RenderedRouters):
                     ports=kept_ports(have[router_id].ports if router_id in have else None),
                 )
             )
-            for router_id in router_ids(self.routers_per_space)
+            for router_id in router_ids(routers)
         }
         return self.write_space(space, texts)
 

@@ -22,7 +22,9 @@ One pass over one space (`reconcile_space`), in this order, each step safe to re
    new broker, so a durable subscriber that comes back finds everything there; a `subscription`
    address's move is done with its topic's. A Draining broker with no moves left is dropped,
    and its file removed, so the runtime stops it;
-5. statuses: write what changed (compare-and-swap on the version seen; a lost race re-reads),
+5. statuses: write what changed, many to a call (`enmasse.resources.status_batches`;
+   compare-and-swap on the version seen; an address that lost a race leaves its batch and is
+   written on its own, re-read),
    with the dead letters the brokers count for each address (`statuses.dead_letters_of`).
    Brokers count dead letters without telling anyone, so while nothing else happens every space
    is passed over again every `figures_interval` to read them.
@@ -62,11 +64,18 @@ from enmasse.common.metrics import LoopMetrics
 from enmasse.common.ports import unclaimed_port
 from enmasse.resources.contracts import ACTIVE, STORED_TYPES, SUBSCRIPTION_SEPARATOR
 from enmasse.resources.discovery import LOOPBACK, BrokerEndpoint, Directory
+from enmasse.resources.gitops_writeback import WorkloadRepository
 from enmasse.resources.informer import Informer
 from enmasse.resources.kinds import object_of
 from enmasse.resources.rendered_brokers import BrokerWorkload, GitOpsOutput, LocalPorts
+from enmasse.resources.status_batches import (
+    STATUS_BATCH_DEADLINE,
+    StatusWrite,
+    status_batches,
+    write_batch,
+)
 from enmasse.storage_controller.client_access import access_to_push, client_access
-from enmasse.storage_controller.gitops_writeback import WorkloadRepository, change_reasons
+from enmasse.storage_controller.gitops_writeback import change_reasons
 from enmasse.storage_controller.placement import Placement, place
 from enmasse.storage_controller.statuses import (
     address_status,
@@ -89,7 +98,7 @@ DRAIN_TIMEOUT = 120.0
 ACCESS_CHECK_INTERVAL = 2.0
 # While nothing changes, how often every space is passed over to read its brokers' dead-letter
 # counts into the addresses' statuses.
-FIGURES_INTERVAL = 5.0
+FIGURES_INTERVAL = 20.0  # dead-letter counts in statuses lag by this much; metrics do not
 CONCURRENCY = 16
 ENSURE_BUDGET = 100
 # A broker that is not up yet is asked again every pass: gRPC's default reconnect back-off
@@ -799,7 +808,7 @@ class StorageController:
         *,
         brokered: bool,
     ) -> None:
-        changes: list[Coroutine[Any, Any, None]] = []
+        changes: list[StatusWrite] = []
         addresses = list(addresses)
         topics = {a.metadata.name: a.spec.address for a in addresses if a.spec.type == "topic"}
         listed = {
@@ -822,18 +831,53 @@ class StorageController:
                 brokered=brokered,
                 dead_letters=dead_letters_of(node, [listed.get(b) for b in brokers]),
             )
-            if desired != address.status:
-                changes.append(self._write_status(address, desired))
-        await _bounded(changes)
+            if desired != address.status and not self._written_already(address, desired):
+                changes.append((address, desired))
+        for batch in status_batches(changes):
+            await self._write_batch(batch)
+
+    def _written_already(
+        self, address: resources_pb2.Address, desired: resources_pb2.AddressStatus
+    ) -> bool:
+        """Whether this is our own last write, which the informer has not brought back yet."""
+        last = self._written.get((address.metadata.space, address.metadata.name))
+        wire = desired.SerializeToString(deterministic=True)
+        return last is not None and last[0] == wire and address.metadata.resource_version < last[1]
+
+    async def _write_batch(self, batch: list[StatusWrite]) -> None:
+        """One batch of status writes. An entry that lost a race (stale, or deleted meanwhile)
+        is left out of it and written on its own, re-read and retried as always."""
+        try:
+            outcome = await write_batch(self._config_stub(), batch, deadline=STATUS_BATCH_DEADLINE)
+        except grpc.aio.AioRpcError:
+            await self._drop_config_channel()  # config may be back on another port
+            raise
+        for (address, desired), version in outcome.written:
+            self._note_status(address, desired, version=version)
+        alone = [*outcome.refused, *outcome.rest]
+        await _bounded(self._write_status(address, desired) for address, desired in alone)
+
+    def _note_status(
+        self,
+        address: resources_pb2.Address,
+        desired: resources_pb2.AddressStatus,
+        *,
+        version: int,
+    ) -> None:
+        key = (address.metadata.space, address.metadata.name)
+        self._written[key] = (desired.SerializeToString(deterministic=True), version)
+        log.info(
+            "address status written",
+            space=key[0],
+            address=key[1],
+            phase=desired.status.phase,
+            brokers=[b.broker for b in desired.brokers],
+        )
 
     async def _write_status(
         self, address: resources_pb2.Address, desired: resources_pb2.AddressStatus
     ) -> None:
         key = (address.metadata.space, address.metadata.name)
-        wire = desired.SerializeToString(deterministic=True)
-        last = self._written.get(key)
-        if last is not None and last[0] == wire and address.metadata.resource_version < last[1]:
-            return  # the informer has not caught up with our own write yet
         stub = self._config_stub()
         ref = config_pb2.ObjectRef(space=key[0], name=key[1])
         version = address.metadata.resource_version
@@ -856,14 +900,7 @@ class StorageController:
                     return  # the spec changed under us: the next pass computes anew
                 version = fresh.metadata.resource_version
                 continue
-            self._written[key] = (wire, written.metadata.resource_version)
-            log.info(
-                "address status written",
-                space=key[0],
-                address=key[1],
-                phase=desired.status.phase,
-                brokers=[b.broker for b in desired.brokers],
-            )
+            self._note_status(address, desired, version=written.metadata.resource_version)
             return
 
     async def _write_space_status(

@@ -5,7 +5,7 @@ see it is alive, and runs the `StorageController` against the config service unt
 SIGINT. Broker endpoints come from the rendered GitOps output, or from the local runtime's ports
 files under --var-dir when given. With --gitops-repo (or $ENMASSE_GITOPS_REPO), the output directory
 is a git working copy of that remote and every render that changed files is committed and pushed
-(`gitops_writeback.py`), credentials from --git-credentials when its files are there.
+(`enmasse.resources.gitops_writeback`), credentials from --git-credentials when its files are there.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from enmasse.common.metrics import add_metrics_port_flag, serve_service_metrics
 from enmasse.common.serving import start_server, until_terminated
 from enmasse.common.tracing import configure_service_tracing
 from enmasse.resources.discovery import LocalDirectory
+from enmasse.resources.gitops_writeback import Credentials, WorkloadRepository
 from enmasse.resources.rendered_brokers import GitOpsOutput
 from enmasse.storage_controller.controller import StorageController
-from enmasse.storage_controller.gitops_writeback import Credentials, WorkloadRepository
 
 log = structlog.get_logger("enmasse.storage_controller")
 
@@ -65,8 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--listen", default="127.0.0.1:0", help="host:port for gRPC health")
     add_metrics_port_flag(parser)
     parser.add_argument("--resync", type=float, default=1.0, help="seconds between retries")
-    # Write-back (gitops_writeback.py): with a remote, --gitops-dir is its working copy and every
-    # render that changed files is committed and pushed. k8s passes the remote in the env.
+    # Write-back (enmasse.resources.gitops_writeback): with a remote, --gitops-dir is its working
+    # copy and every render that changed files is committed and pushed. k8s passes the remote
+    # in the env.
     parser.add_argument(
         "--gitops-repo",
         default=os.environ.get("ENMASSE_GITOPS_REPO", ""),
@@ -125,6 +126,7 @@ async def _start_writeback(
     repository = WorkloadRepository(
         args.gitops_dir,
         remote=args.gitops_repo,
+        author="enmasse-storage-controller",
         branch=args.gitops_branch,
         credentials=Credentials.from_dir(args.git_credentials),
     )

@@ -21,7 +21,10 @@ brokered space's broker serves its clients on that port instead (`enmasse.io/ser
 `--client-auth=required`: they log in as the space's users, which this controller pushes; and
 on amqps (5671) with a certificate of its own, the Certificate `<broker-id>-amqps-tls` rendered
 in the same file (role `endpoint`, the broker's Service names, issuer `enmasse-ca`), mounted at
-/etc/enmasse/tls.
+/etc/enmasse/tls. Its clients reach it through its Service from anywhere, as a standard space's
+reach its routers: the NetworkPolicy `<broker-id>-clients` rendered last in the file admits
+AMQP (5672) and AMQPS (5671) to that one pod from any source (k8s/base/network-policies.yaml
+denies everything else; its admin port stays the control plane's, through `from-this-namespace`).
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ def render_broker(
 ) -> str:
     """The Service and StatefulSet of one broker, as YAML text; routers_only: a standard space's
     broker (False: a brokered space's, whose AMQP and amqps ports serve the space's clients, with
-    the amqps Certificate rendered between the two)."""
+    the amqps Certificate rendered between the two and the NetworkPolicy admitting them last)."""
     labels = _labels(space, broker.id)
     selector = {LABEL_SPACE: space, LABEL_BROKER: broker.id}
     annotations = {
@@ -133,13 +136,38 @@ def render_broker(
         },
     }
     certificates = [] if routers_only else [endpoint_certificate(broker.id, labels=labels)]
+    policies = [] if routers_only else [_clients_policy(broker.id, selector, labels=labels)]
     header = f"# Broker {broker.id} of address space {space}: rendered by {MANAGER}; do not edit.\n"
     return header + yaml.safe_dump_all(
-        [service, *certificates, stateful_set],
+        [service, *certificates, stateful_set, *policies],
         sort_keys=False,
         default_flow_style=False,
         explicit_start=True,
     )
+
+
+def _clients_policy(
+    name: str, selector: dict[str, str], *, labels: dict[str, str]
+) -> dict[str, Any]:
+    """A brokered space's broker is its clients' endpoint: its client ports from anywhere (a rule
+    without `from`), like `routers-from-anywhere` for a standard space's routers."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": f"{name}-clients", "labels": labels},
+        "spec": {
+            "podSelector": {"matchLabels": selector},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "ports": [
+                        {"protocol": "TCP", "port": AMQP_PORT},
+                        {"protocol": "TCP", "port": AMQPS_PORT},
+                    ]
+                }
+            ],
+        },
+    }
 
 
 def _labels(space: str, broker_id: str) -> dict[str, str]:
