@@ -432,6 +432,20 @@ def test_rendered_routers_and_brokers_mount_their_role_certificate_and_probe() -
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_secret_is_mounted_readable_by_the_pods_group(overlay: str) -> None:
+    """Pods run as a non-root user with an fsGroup: a Secret's files are root's, in that group,
+    so they must be group-readable (0440); 0400 would leave the service unable to read them."""
+    modes = {
+        (name, volume["name"]): volume["secret"].get("defaultMode")
+        for name, pod in pod_specs(build(overlay))
+        for volume in pod.get("volumes", [])
+        if "secret" in volume
+    }
+    assert modes
+    assert {key: mode for key, mode in modes.items() if mode != 0o440} == {}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_pod_serves_metrics_that_a_podmonitor_scrapes(overlay: str) -> None:
     """Each control-plane Deployment, and each router and broker the controllers render, serves
     Prometheus metrics on the port named `metrics` (--metrics-port); a PodMonitor selects each
