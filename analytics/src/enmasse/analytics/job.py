@@ -51,6 +51,8 @@ class JobResult:
     malformed_lines: int
     charts: int
     tables: dict[str, Path] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Wall time of each table's write (and of the dashboard): where the job's time went."""
 
     @property
     def dashboard(self) -> Path:
@@ -73,12 +75,14 @@ def run(
     out = Path(output)
     raw_spans, lines = observed_spans(spark, inputs)
     written: dict[str, Path] = {}
+    seconds: dict[str, float] = {}
 
     def save(name: str, frame: DataFrame) -> DataFrame:
         path = out / name
         started = time.perf_counter()
         frame.write.mode("overwrite").parquet(str(path))
-        log.debug("table written", table=name, seconds=round(time.perf_counter() - started, 2))
+        seconds[name] = time.perf_counter() - started
+        log.debug("table written", table=name, seconds=round(seconds[name], 2))
         written[name] = path
         return spark.read.parquet(str(path))
 
@@ -99,6 +103,7 @@ def run(
         "rpc_latency": lambda: tables.rpc_latency(spans),
     }
     frames = {name: save(name, build()) for name, build in derived.items()}
+    started = time.perf_counter()
     span_count, message_count = spans.count(), messages.count()
     summary = f"{span_count} spans, {message_count} messages, window {window_seconds} s" + (
         f", {malformed} malformed lines skipped" if malformed else ""
@@ -109,6 +114,7 @@ def run(
         )
     )
     (out / DASHBOARD).write_text(page.html, encoding="utf-8")
+    seconds[DASHBOARD] = time.perf_counter() - started
     log.info("analytics done", spans=span_count, messages=message_count, malformed=malformed)
     return JobResult(
         output=out,
@@ -117,6 +123,7 @@ def run(
         malformed_lines=malformed,
         charts=page.charts,
         tables=written,
+        seconds=seconds,
     )
 
 

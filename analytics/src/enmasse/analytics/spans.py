@@ -160,12 +160,17 @@ def flatten(raw: DataFrame) -> DataFrame:
         F.explode("rs.scopeSpans").alias("ss"),
     )
     rows = resources.select("resource", F.explode("ss.spans").alias("s")).select("resource", "s.*")
-    rows = rows.withColumn("attrs", _attribute_map(F.col("attributes")))
+    # Lookups go through a map of the raw value structs: built from the attribute array's own
+    # columns, it stays in generated code, where a lambda over every attribute (the text map below)
+    # would be interpreted per element. The text map is built once, for the `attributes` column.
+    rows = rows.withColumn(
+        "values", F.map_from_arrays(F.col("attributes.key"), F.col("attributes.value"))
+    )
     start = F.col("startTimeUnixNano").try_cast("long")
     end = F.col("endTimeUnixNano").try_cast("long")
 
     def attr(key: str) -> Column:
-        return F.element_at(F.col("attrs"), F.lit(key))
+        return _text(F.element_at(F.col("values"), F.lit(key)))
 
     def resource(key: str) -> Column:
         return F.element_at(F.col("resource"), F.lit(key))
@@ -196,7 +201,17 @@ def flatten(raw: DataFrame) -> DataFrame:
         attr("rpc.method").alias("rpc_method"),
         attr("rpc.grpc.status_code").try_cast("int").alias("grpc_status"),
         attr(tracing.ATTR_PHASE).alias("phase"),
-        F.col("attrs").alias("attributes"),
+        _attribute_map(F.col("attributes")).alias("attributes"),
+    )
+
+
+def _text(value: Column) -> Column:
+    """An OTLP AnyValue {stringValue|intValue|boolValue|doubleValue} as text."""
+    return F.coalesce(
+        value["stringValue"],
+        value["intValue"],
+        value["boolValue"].cast("string"),
+        value["doubleValue"].cast("string"),
     )
 
 
@@ -204,15 +219,7 @@ def _attribute_map(pairs: Column) -> Column:
     """[{key, value: {stringValue|intValue|boolValue|doubleValue}}] -> map<string, string>."""
     entries = F.transform(
         F.coalesce(pairs, F.array().cast(_ATTRIBUTES)),
-        lambda pair: F.struct(
-            pair["key"].alias("key"),
-            F.coalesce(
-                pair["value"]["stringValue"],
-                pair["value"]["intValue"],
-                pair["value"]["boolValue"].cast("string"),
-                pair["value"]["doubleValue"].cast("string"),
-            ).alias("value"),
-        ),
+        lambda pair: F.struct(pair["key"].alias("key"), _text(pair["value"]).alias("value")),
     )
     return F.map_from_entries(entries)
 

@@ -95,13 +95,17 @@ def throughput(
 
 
 def messages(spans: DataFrame) -> DataFrame:
-    """One row per message (the trace of one `amqp.send`): its path and latencies.
+    """One row per message (a trace holding an `amqp.send`; one send a trace): its path and
+    latencies.
 
     Columns: trace_id, space, address, address_type, client_id, start_ns, e2e_ns, hop_sum_ns,
     hop_count, path (hop names in start order), delivered, outcome (of the producer's send)."""
     # The send need not be the trace's root span: an application may wrap it in its own span.
-    roots = spans.filter(F.col("name") == tracing.SPAN_SEND).select(
-        "trace_id",
+    # One grouping by trace, no join: the send's columns ride along as the first (only) send of
+    # the group, so the spans are shuffled once.
+    is_send = F.col("name") == tracing.SPAN_SEND
+    is_hop = F.col("name").isin(*tracing.HOP_SPANS)
+    send = F.struct(
         "space",
         "address",
         "address_type",
@@ -110,33 +114,34 @@ def messages(spans: DataFrame) -> DataFrame:
         "outcome",
     )
     per_trace = (
-        spans.filter(F.col("name").isin(*tracing.HOP_SPANS))
+        spans.filter(is_send | is_hop)
         .groupBy("trace_id")
         .agg(
+            F.first(F.when(is_send, send), ignorenulls=True).alias("send"),
             F.max(F.when(F.col("name").isin(*CONSUMER_SPANS), F.col("end_ns"))).alias(
                 "consumer_end_ns"
             ),
-            F.sum("duration_ns").alias("hop_sum_ns"),
-            F.count(F.lit(1)).alias("hop_count"),
-            F.array_sort(F.collect_list(F.struct("start_ns", "name"))).alias("hops"),
+            F.sum(F.when(is_hop, F.col("duration_ns"))).alias("hop_sum_ns"),
+            F.count(F.when(is_hop, 1)).alias("hop_count"),
+            F.sort_array(F.collect_list(F.when(is_hop, F.struct("start_ns", "name")))).alias(
+                "hops"
+            ),
         )
+        .filter(F.col("send").isNotNull())
     )
-    joined = roots.join(per_trace, on="trace_id", how="left")
-    return joined.select(
+    return per_trace.select(
         "trace_id",
-        "space",
-        "address",
-        "address_type",
-        "client_id",
-        F.col("send_start_ns").alias("start_ns"),
-        (F.col("consumer_end_ns") - F.col("send_start_ns")).alias("e2e_ns"),
+        "send.space",
+        "send.address",
+        "send.address_type",
+        "send.client_id",
+        F.col("send.send_start_ns").alias("start_ns"),
+        (F.col("consumer_end_ns") - F.col("send.send_start_ns")).alias("e2e_ns"),
         F.coalesce("hop_sum_ns", F.lit(0)).alias("hop_sum_ns"),
-        F.coalesce("hop_count", F.lit(0)).alias("hop_count"),
-        F.coalesce(F.transform("hops", lambda h: h["name"]), F.array().cast("array<string>")).alias(
-            "path"
-        ),
+        "hop_count",
+        F.col("hops.name").alias("path"),
         F.col("consumer_end_ns").isNotNull().alias("delivered"),
-        "outcome",
+        "send.outcome",
     )
 
 
