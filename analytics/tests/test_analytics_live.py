@@ -82,6 +82,8 @@ def test_span_files_moved_into_the_folder_appear_in_the_live_tables(
         assert latency["messages"] == 1
         throughput = _table(spark, output, "throughput_address")
         assert {(r["address"], r["sent"]) for r in throughput} == {("first", 3), ("second", 1)}
+        # The tables are swapped in one after another: hop_latency follows latency_address.
+        _wait_rows(spark, output, "hop_latency", "second")
         hops = {(r["address"], r["hop"]) for r in _table(spark, output, "hop_latency")}
         assert ("first", tracing.SPAN_ROUTE) in hops
         assert ("second", tracing.SPAN_DELIVER) in hops
@@ -105,6 +107,7 @@ def test_with_a_horizon_the_live_tables_forget_what_is_older(spark: Any, tmp_pat
             watched=watched, staging=tmp_path / "s2", address="late", e2e_ms=[5], start_ns=later
         )
         _wait_rows(spark, output, "latency_address", "late")
+        _wait_rows(spark, output, "hop_latency", "late")  # swapped in after latency_address
         for name in ("throughput_address", "latency_address", "hop_latency"):
             assert {r["address"] for r in _table(spark, output, name)} == {"late"}, name
         # The history itself is kept: only the live tables look back no further than the horizon.
