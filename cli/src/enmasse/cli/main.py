@@ -858,7 +858,9 @@ def _target_options(command: click.decorators.FC) -> click.decorators.FC:
         "--ca-file", metavar="FILE", help="amqps: the CA to verify it against [<var>/tls/ca.crt]"
     )(command)
     command = click.option(
-        "--url", metavar="amqp[s]://HOST:PORT", help="router to use (else the space's)"
+        "--url",
+        metavar="amqp[s]://HOST:PORT[,...]",
+        help="routers to use, in failover order (else the space's)",
     )(command)
     return click.option("-s", "--space", default="demo", show_default=True, help="address space")(
         command
@@ -943,11 +945,11 @@ def send(
     Exit code 1 when any message was not accepted."""
     to_send = message_lines.bodies(body=body, count=count, body_file=body_file, lines=lines)
     application = message_lines.parse_properties(properties)
-    endpoint, kind = _messaging_target(
+    endpoints, kind = _messaging_target(
         settings, space=space, address=address, url=url, ca_file=ca_file
     )
     outcomes = messaging.send(
-        endpoint,
+        endpoints,
         address=address,
         bodies=to_send,
         durable=durable,
@@ -995,11 +997,11 @@ def receive(
 ) -> None:
     """Receive up to COUNT messages from ADDRESS (accepting each); print their bodies, or with
     -o json one JSON line each. Exit code 1 when fewer than COUNT came in time."""
-    endpoint, _kind = _messaging_target(
+    endpoints, _kind = _messaging_target(
         settings, space=space, address=address, url=url, ca_file=ca_file
     )
     payloads = messaging.receive(
-        endpoint,
+        endpoints,
         address=address,
         count=count,
         timeout=wait_s,
@@ -1041,11 +1043,11 @@ def peek(
 ) -> None:
     """Browse the first COUNT messages of a queue without consuming them (AMQP `copy`
     distribution mode); an empty queue prints nothing."""
-    endpoint, _kind = _messaging_target(
+    endpoints, _kind = _messaging_target(
         settings, space=space, address=address, url=url, ca_file=ca_file
     )
     payloads = messaging.peek(
-        endpoint, address=address, count=count, timeout=wait_s, login=_login(user, password)
+        endpoints[0], address=address, count=count, timeout=wait_s, login=_login(user, password)
     )
     _print_messages(payloads, output=output)
 
@@ -1074,12 +1076,14 @@ def stats(settings: Settings, space: str) -> None:
 
 def _messaging_target(
     settings: Settings, *, space: str, address: str, url: str | None, ca_file: str | None
-) -> tuple[messaging.Endpoint, str]:
-    """The router to talk to and the address's type ("" when unknown: the router decides)."""
+) -> tuple[list[messaging.Endpoint], str]:
+    """The routers to talk to, in order (the first that answers; the next when it is lost),
+    and the address's type ("" when unknown: the router decides)."""
     if url:
-        return messaging.parse_url(url, ca_file=Path(ca_file) if ca_file else settings.ca_file), ""
+        ca = Path(ca_file) if ca_file else settings.ca_file
+        return messaging.parse_urls(url, ca_file=ca), ""
     with settings.client() as client:
-        endpoint = messaging.space_endpoint(
+        endpoints = messaging.space_endpoints(
             client.get(KINDS["AddressSpace"], name=space).address_space
         )
         kinds = [
@@ -1087,7 +1091,7 @@ def _messaging_target(
             for w in client.list(KINDS["Address"], space=space)
             if w.address.spec.address == address
         ]
-    return endpoint, kinds[0] if kinds else ""
+    return endpoints, kinds[0] if kinds else ""
 
 
 @cli.command()

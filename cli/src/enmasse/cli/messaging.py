@@ -1,13 +1,16 @@
 """`enmasse send` / `receive` / `peek`, and the demo round of `enmasse up --demo`.
 
-In: an address space's router endpoint (its AddressSpace status, or --url: `amqp://` or, over
-TLS, `amqps://`, whose certificate is verified, name included, against --ca-file), an AMQP
+In: an address space's router endpoints (its AddressSpace status lists one per router, or --url,
+a comma-separated list of `amqp://` or, over TLS, `amqps://` URLs, whose certificates are
+verified, names included, against --ca-file), an AMQP
 address, counts, a body. Out: lines for people ("sent 1 message to queue 'orders' (accepted)",
 the bodies received, "queue  orders  sent 1, received 1  ok") and `CliError`s with the router's
 own words when it says no (amqp:not-found for an address that does not exist) or "no message
 within 5 s".
 
 Built on the blocking `Client` of enmasse.amqp: one connection per verb, closed at the end.
+`send` and `receive` go on through the next endpoint when theirs is lost (failover.py: a
+router killed or leaving the space); `peek` and the demo use the first.
 Routers let no one in without a user unless the space plan says so, so a verb logs in as a
 MessagingUser (`Login`, `--user`): with SCRAM-SHA-512 or -256 when the router offers them, else
 PLAIN (which a router offers only over TLS unless the plan allows it); the demo round logs in as
@@ -23,10 +26,11 @@ mode on to the broker's link). Every loop is bounded by a count and a deadline.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +40,7 @@ from enmasse.amqp import codec, message_trace, sasl
 from enmasse.amqp.client import AmqpError, Client, Receiver
 from enmasse.amqp.wire import Outcome, Terminus, Tls
 from enmasse.cli.client import CliError
+from enmasse.cli.failover import Failover, NoEndpointAnswered, lost
 from enmasse.common import tracing
 from enmasse.resources.contracts import (
     AMQP,
@@ -51,6 +56,9 @@ from enmasse.resources.dead_letters import SPACE_MANAGER
 from enmasse.v1 import resources_pb2
 from opentelemetry import trace
 
+# The most messages a receive lets the router hand it before it has taken them: what a lost
+# connection hands back to the broker, not the whole count.
+RECEIVE_WINDOW = 100
 # The order the demo goes through: a topic's message also lands in its durable subscription.
 DEMO_ORDER = (QUEUE, TOPIC, SUBSCRIPTION, ANYCAST, MULTICAST)
 
@@ -86,13 +94,27 @@ def parse_url(url: str, *, ca_file: Path | None = None) -> Endpoint:
     return Endpoint(host=host, port=int(port), tls=Tls(ca_file=str(ca_file), verify_hostname=True))
 
 
-def space_endpoint(space: resources_pb2.AddressSpace) -> Endpoint:
-    """The space's first amqp endpoint (one per router; a brokered space's is its broker).
+def parse_urls(urls: str, *, ca_file: Path | None = None) -> list[Endpoint]:
+    """`--url` as a comma-separated list (each as `parse_url` reads it): the endpoints a verb
+    fails over across, in order."""
+    return [parse_url(url.strip(), ca_file=ca_file) for url in urls.split(",") if url.strip()]
 
-    CliError while it has none."""
-    for endpoint in space.status.endpoints:
-        if endpoint.name == AMQP and endpoint.port:
-            return Endpoint(host=endpoint.host or "127.0.0.1", port=endpoint.port)
+
+def space_endpoint(space: resources_pb2.AddressSpace) -> Endpoint:
+    """The space's first amqp endpoint (see `space_endpoints`)."""
+    return space_endpoints(space)[0]
+
+
+def space_endpoints(space: resources_pb2.AddressSpace) -> list[Endpoint]:
+    """The space's amqp endpoints, one per router in its status's order (a brokered space's is
+    its broker): what send and receive fail over across. CliError while it has none."""
+    endpoints = [
+        Endpoint(host=endpoint.host or "127.0.0.1", port=endpoint.port)
+        for endpoint in space.status.endpoints
+        if endpoint.name == AMQP and endpoint.port
+    ]
+    if endpoints:
+        return endpoints
     phase = space.status.status.phase or PENDING
     raise CliError(
         f"address space '{space.metadata.name}' has no amqp endpoint yet (phase {phase}); "
@@ -132,18 +154,28 @@ def _connect(
     login: Login | None = None,
 ) -> Client:
     try:
-        return Client(
-            endpoint.host,
-            endpoint.port,
-            timeout=timeout,
-            container_id=container_id,
-            user=login.user if login is not None else None,
-            password=login.password if login is not None else None,
-            mechanisms=_mechanisms(login, tls=endpoint.tls is not None),
-            tls=endpoint.tls,
-        )
+        return _open_client(endpoint, timeout=timeout, container_id=container_id, login=login)
     except (OSError, AmqpError, FutureTimeout) as error:
         raise CliError(f"cannot connect to {endpoint}: {error or 'timed out'}") from None
+
+
+def _open_client(
+    endpoint: Endpoint,
+    *,
+    timeout: float,
+    container_id: str | None = None,
+    login: Login | None = None,
+) -> Client:
+    return Client(
+        endpoint.host,
+        endpoint.port,
+        timeout=timeout,
+        container_id=container_id,
+        user=login.user if login is not None else None,
+        password=login.password if login is not None else None,
+        mechanisms=_mechanisms(login, tls=endpoint.tls is not None),
+        tls=endpoint.tls,
+    )
 
 
 def _mechanisms(login: Login | None, *, tls: bool) -> tuple[str, ...] | None:
@@ -169,8 +201,32 @@ def sent_line(*, count: int, kind: str, address: str, outcomes: Sequence[Outcome
     return f"sent {count} {noun} to {what} ({outcome_summary(outcomes)})"
 
 
+def _failover(
+    endpoints: Sequence[Endpoint],
+    *,
+    timeout: float,
+    container_id: str | None = None,
+    login: Login | None = None,
+) -> Failover[Endpoint]:
+    """The verb's endpoints, connected to one by one as `_connect` does, until `timeout`."""
+    return Failover(
+        endpoints,
+        connect=functools.partial(
+            _open_client, timeout=timeout, container_id=container_id, login=login
+        ),
+        deadline=time.monotonic() + timeout,
+    )
+
+
+def _connected(failover: Failover[Endpoint]) -> Client:
+    try:
+        return failover.connect()
+    except NoEndpointAnswered as none:
+        raise CliError(str(none)) from None
+
+
 def send(
-    endpoint: Endpoint,
+    endpoints: Sequence[Endpoint],
     *,
     address: str,
     bodies: Sequence[str],
@@ -184,9 +240,11 @@ def send(
 ) -> list[Outcome]:
     """Sends one message per body, each settled before the next, at most `rate` a second;
     their outcomes. With `trace_space`, each message is a trace of its own (`amqp.send`,
-    traceparent inside, beside the application properties)."""
+    traceparent inside, beside the application properties). When the connection is lost, the
+    message in flight goes again through the next endpoint (failover.py: at least once)."""
     tracer = _tracer(trace_space)
-    client = _connect(endpoint, timeout=timeout, login=login)
+    failover = _failover(endpoints, timeout=timeout, login=login)
+    client = _connected(failover)
     pace = Pace(rate)
     try:
         sender = client.sender(address)
@@ -203,7 +261,15 @@ def send(
                 body, durable=durable, ttl=ttl, application_properties=properties or None
             )
             pace.wait()
-            delivery = sender.send(payload, timeout=timeout)
+            while True:
+                try:
+                    delivery = sender.send(payload, timeout=timeout)
+                    break
+                except AmqpError:
+                    if not lost(client):
+                        raise
+                    client = _reconnected(failover, client)
+                    sender = client.sender(address)
             outcomes.append(delivery.outcome or Outcome.NONE)
             if span is not None:
                 message_trace.end_send(span, delivery.outcome)
@@ -218,6 +284,14 @@ def send(
     finally:
         client.close()
         _flush_traces(tracer)
+
+
+def _reconnected(failover: Failover[Endpoint], client: Client) -> Client:
+    lost_at = failover.current
+    try:
+        return failover.reconnect(client)
+    except NoEndpointAnswered as none:
+        raise CliError(f"connection to {lost_at} lost, and then {none}") from None
 
 
 class Pace:
@@ -258,7 +332,7 @@ def _durable_source(address: str) -> Terminus:
 
 
 def receive(
-    endpoint: Endpoint,
+    endpoints: Sequence[Endpoint],
     *,
     address: str,
     count: int,
@@ -269,17 +343,36 @@ def receive(
 ) -> list[bytes]:
     """Up to `count` messages (their encoded bytes) within `timeout` seconds in all, each
     accepted; CliError when none came. With `subscription`, a durable subscription of that
-    name (container and link)."""
+    name (container and link). When the connection is lost, what is left of `count` is taken
+    through the next endpoint (failover.py)."""
     tracer = _tracer(trace_space)
-    client = _connect(endpoint, timeout=timeout, container_id=subscription, login=login)
+    deadline = time.monotonic() + timeout
+    failover = _failover(endpoints, timeout=timeout, container_id=subscription, login=login)
+    client = _connected(failover)
+    payloads: list[bytes] = []
     try:
-        receiver = client.receiver(
-            address,
-            credit=count,
-            name=subscription,
-            source=_durable_source(address) if subscription else None,
-        )
-        payloads = take(receiver, count=count, timeout=timeout, tracer=tracer, space=trace_space)
+        while True:
+            try:
+                receiver = client.receiver(
+                    address,
+                    credit=min(count - len(payloads), RECEIVE_WINDOW),
+                    name=subscription,
+                    source=_durable_source(address) if subscription else None,
+                )
+                payloads.extend(
+                    taken(
+                        receiver,
+                        count=count - len(payloads),
+                        timeout=max(deadline - time.monotonic(), 0.0),
+                        tracer=tracer,
+                        space=trace_space,
+                    )
+                )
+                break
+            except AmqpError:
+                if not lost(client):
+                    raise
+                client = _reconnected(failover, client)
         if subscription:
             receiver.detach()  # away, not gone: the subscription keeps collecting
     except AmqpError as error:
@@ -331,31 +424,42 @@ def take(
     tracer: trace.Tracer | None = None,
     space: str | None = None,
 ) -> list[bytes]:
-    """Up to `count` messages, accepting each, until the deadline; with `tracer`, a sampled
-    message's `amqp.deliver` and `amqp.settle` spans."""
+    """Up to `count` messages, accepting each, until the deadline (see `taken`)."""
+    return list(taken(receiver, count=count, timeout=timeout, tracer=tracer, space=space))
+
+
+def taken(
+    receiver: Receiver,
+    *,
+    count: int,
+    timeout: float,
+    tracer: trace.Tracer | None = None,
+    space: str | None = None,
+) -> Iterator[bytes]:
+    """Up to `count` messages, each yielded once accepted, until the deadline; with `tracer`, a
+    sampled message's `amqp.deliver` and `amqp.settle` spans. A generator so that what came
+    before a lost link is kept by the caller when the AmqpError arrives."""
     deadline = time.monotonic() + timeout
-    bodies: list[bytes] = []
-    while len(bodies) < count:
+    for _ in range(count):
         left = deadline - time.monotonic()
         if left <= 0:
-            break
+            return
         try:
             delivery = receiver.receive(left)
         except TimeoutError:
-            break
+            return
         if tracer is None:
             receiver.accept(delivery)
-            bodies.append(delivery.payload)
+            yield delivery.payload
             continue
         spans = message_trace.ConsumerSpans(
             tracer=tracer, payload=delivery.payload, address=receiver.address or "", space=space
         )
-        bodies.append(delivery.payload)
         spans.handed_over()
         spans.settling()
         receiver.accept(delivery)
         spans.settled(Outcome.ACCEPTED)
-    return bodies
+        yield delivery.payload
 
 
 # ---------------------------------------------------------------- the demo round
