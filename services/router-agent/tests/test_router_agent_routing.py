@@ -103,6 +103,8 @@ def test_mesh_peers_are_the_other_routers_of_the_space() -> None:
         ]
     peers = config_for("r0", ALL_TYPES).peers
     assert [(p.host, p.port) for p in peers] == [("127.0.0.1", 2002), ("127.0.0.1", 3002)]
+    # where each serves clients: a leaving router redirects its clients there
+    assert [p.amqp_port for p in peers] == [r.amqp_port for r in ROUTERS[1:]]
 
 
 def test_every_router_gets_the_same_routes() -> None:

@@ -249,6 +249,9 @@ class Sender(_Endpoint):
         future: Future[Delivery] = Future()
 
         def queue_it() -> None:
+            if self.detached.done():  # gone (its connection too, maybe): it would wait forever
+                future.set_exception(AmqpError(self.detached.result(), what="link detached"))
+                return
             self._waiting.append((payload, future))
             self._pump()
 

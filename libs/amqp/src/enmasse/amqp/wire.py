@@ -69,6 +69,9 @@ class Condition:
 
     name: str
     description: str = ""
+    # The condition's info map as pairs, keys sent as symbols: a redirect's `network-host` and
+    # `port` (amqp:connection:redirect). Pairs, not a dict, so a Condition stays hashable.
+    info: tuple[tuple[str, str | int], ...] = ()
 
     def __str__(self) -> str:
         return f"{self.name}: {self.description}" if self.description else self.name
@@ -116,13 +119,19 @@ def string_of(raw: Any) -> str | None:
 def set_condition(cond: Any, error: Condition) -> None:
     lib.pn_condition_set_name(cond, error.name.encode())
     lib.pn_condition_set_description(cond, error.description.encode())
+    if error.info:
+        from proton import Data, symbol
+
+        Data(lib.pn_condition_info(cond)).put_object({symbol(k): v for k, v in error.info})
 
 
 def get_condition(cond: Any) -> Condition | None:
     if cond == NULL or not lib.pn_condition_is_set(cond):
         return None
     name = string_of(lib.pn_condition_get_name(cond)) or ""
-    return Condition(name, string_of(lib.pn_condition_get_description(cond)) or "")
+    info = read_data(lib.pn_condition_info(cond))
+    pairs = tuple((str(k), v) for k, v in info.items()) if isinstance(info, dict) else ()
+    return Condition(name, string_of(lib.pn_condition_get_description(cond)) or "", pairs)
 
 
 def read_data(ptr: Any) -> Any:

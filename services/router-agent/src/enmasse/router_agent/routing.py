@@ -249,7 +249,14 @@ def _share(limit: int, *, routers: int) -> int:
 
 def mesh_peers(*, router_id: str, routers: Sequence[RouterEndpoint]) -> list[router_pb2.MeshPeer]:
     return [
-        router_pb2.MeshPeer(router_id=r.router_id, host=r.host, port=r.inter_router_port, cost=1)
+        router_pb2.MeshPeer(
+            router_id=r.router_id,
+            host=r.host,
+            port=r.inter_router_port,
+            cost=1,
+            amqp_port=r.amqp_port,
+            amqps_port=r.amqps_port or 0,
+        )
         for r in sorted(routers, key=lambda r: r.router_id)
         if r.router_id != router_id
     ]

@@ -84,6 +84,8 @@ class MeshPeer:
     host: str
     port: int
     cost: int = 1
+    amqp_port: int = 0  # where it serves clients on `host` (0: unknown): redirects go there
+    amqps_port: int = 0
 
 
 @dataclass(frozen=True)
@@ -184,7 +186,14 @@ def config_to_proto(config: RouterConfig) -> router_pb2.RouterConfig:
             for r in config.addresses.values()
         ],
         peers=[
-            router_pb2.MeshPeer(router_id=p.router_id, host=p.host, port=p.port, cost=p.cost)
+            router_pb2.MeshPeer(
+                router_id=p.router_id,
+                host=p.host,
+                port=p.port,
+                cost=p.cost,
+                amqp_port=p.amqp_port,
+                amqps_port=p.amqps_port,
+            )
             for p in config.peers
         ],
         limits=router_pb2.RouterLimits(
@@ -290,8 +299,18 @@ def _peers_from_proto(
             raise ConfigError(f"mesh peer '{peer.router_id}' needs a host and a port in 1..65535")
         if peer.cost < 0:
             raise ConfigError(f"mesh peer '{peer.router_id}' has negative cost {peer.cost}")
+        for client_port in (peer.amqp_port, peer.amqps_port):
+            if not 0 <= client_port < 65536:
+                raise ConfigError(
+                    f"mesh peer '{peer.router_id}' has client port {client_port}, not in 0..65535"
+                )
         found[peer.router_id] = MeshPeer(
-            router_id=peer.router_id, host=peer.host, port=peer.port, cost=peer.cost or 1
+            router_id=peer.router_id,
+            host=peer.host,
+            port=peer.port,
+            cost=peer.cost or 1,
+            amqp_port=peer.amqp_port,
+            amqps_port=peer.amqps_port,
         )
     return tuple(found.values())
 

@@ -7,7 +7,9 @@ metrics (`metrics.RouterMetrics`, read from the engine on each scrape) are serve
 their own. Chosen ports (port 0 picks free ones)
 are written as JSON to --ports-file once everything listens, which is how tests and `enmasse up`
 find them. An optional --config file (a RouterConfig in protobuf JSON) is applied before the first
-client can connect; otherwise the router-agent pushes one. SIGTERM / SIGINT stop the engine.
+client can connect; otherwise the router-agent pushes one. SIGTERM makes the router leave its
+space (`departure.py`: its clients redirected to a peer between deliveries, then the engine
+stops); SIGINT stops the engine at once.
 The parts meet here: the `Router` gets its handler factory (`handlers.RouterHandlers`), whose
 handlers the listeners use too, and RouterAdmin its `AdminView` over the router.
 
@@ -60,6 +62,7 @@ from enmasse.common.serving import start_server
 from enmasse.common.tracing import configure_service_tracing
 from enmasse.router.access import MeshSecret, MeshSecretError, world_readable
 from enmasse.router.admin import READS, SERVICE_NAME, AdminView, RouterAdminServicer
+from enmasse.router.departure import Departure
 from enmasse.router.forwarding import Router
 from enmasse.router.handlers import RouterHandlers
 from enmasse.router.metrics import RouterMetrics
@@ -168,6 +171,14 @@ def _warn_of_weak_mesh(*, internal_tls: Tls | None, secret_file: Path | None) ->
 @click.option("--max-message-size", default=0, show_default=True, help="Bytes; 0: no limit.")
 @click.option("--max-frame-size", default=65536, show_default=True)
 @click.option(
+    "--leave-timeout",
+    default=5.0,
+    show_default=True,
+    help="On SIGTERM: seconds to wait for each client connection to have nothing in flight "
+    "before it is redirected to another router of the space (departure.py); below the grace "
+    "period of supervisord (10 s) and Kubernetes (30 s).",
+)
+@click.option(
     "--mesh-secret-file",
     type=click.Path(dir_okay=False, path_type=Path),
     envvar="ENMASSE_MESH_SECRET_FILE",
@@ -204,6 +215,7 @@ def main(
     idle_timeout: float,
     max_message_size: int,
     max_frame_size: int,
+    leave_timeout: float,
     mesh_secret_file: Path | None,
     client_auth: str,
     tls_cert: str | None,
@@ -294,8 +306,15 @@ def main(
         _write_ports(Path(ports_file), ports)
     log.info("router listening", router=router_id, **ports)
     router.start_housekeeping()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: engine.stop())
+    departure = Departure(
+        router=router,
+        engine=engine,
+        client_ports=[ports[name] for name in ("amqp", "amqps") if name in ports],
+        timeout=leave_timeout,
+    )
+    # SIGTERM: leave the space (clients redirected between deliveries); SIGINT: stop now.
+    signal.signal(signal.SIGTERM, lambda *_: engine.call_soon_threadsafe(departure.begin))
+    signal.signal(signal.SIGINT, lambda *_: engine.stop())
     settle_gc_for_message_loop()
     engine.run()
     log.info("router stopped", router=router_id)

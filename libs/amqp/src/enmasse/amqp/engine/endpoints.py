@@ -407,6 +407,12 @@ class Link:
         return list(self._unsettled.values())
 
     @property
+    def in_flight(self) -> int:
+        """Deliveries of this link, either way, that are not settled yet on our side (proton's
+        count: one call, for checks such as a router's leaving, never per message)."""
+        return lib.pn_link_unsettled(self._ptr) if self._ptr is not None else 0
+
+    @property
     def is_open(self) -> bool:
         return self._opened and self._ptr is not None
 
