@@ -16,7 +16,12 @@ from enmasse.amqp.wire import Outcome, Tls
 from enmasse.cli import messaging
 from enmasse.cli.client import CliError
 from enmasse.cli.local.gateways import ensure_pinned_port
-from enmasse.cli.local.runtime import desired_programs, program_files, write_program_files
+from enmasse.cli.local.runtime import (
+    desired_programs,
+    program_files,
+    retire_removed_routers,
+    write_program_files,
+)
 from enmasse.cli.local.tls import ensure_certificates, ensure_endpoint_certificate
 from enmasse.cli.local.var_dir import VarDir
 from enmasse.resources.rendered_brokers import Broker, LocalPorts
@@ -131,6 +136,21 @@ def test_send_lines_say_how_many_where_and_the_outcome() -> None:
     assert line == "sent 1 message to queue 'orders' (accepted)"
     mixed = [Outcome.ACCEPTED, Outcome.REJECTED, Outcome.ACCEPTED]
     line = messaging.sent_line(count=3, kind="", address="x", outcomes=mixed)
+def test_a_router_no_longer_rendered_leaves_its_space_s_endpoints(tmp_path: Path) -> None:
+    var = VarDir(tmp_path)
+    rendered_gitops(var)
+    kept = var.root / "routers" / "demo" / "router-0" / "ports.json"
+    scaled_down = var.root / "routers" / "demo" / "router-1" / "ports.json"
+    gone_space = var.root / "routers" / "old" / "router-0" / "ports.json"
+    for ports in (kept, scaled_down, gone_space):
+        ports.parent.mkdir(parents=True)
+        ports.write_text('{"amqp": 41000}')
+    assert sorted(retire_removed_routers(var)) == sorted([scaled_down, gone_space])
+    assert kept.exists(), "a rendered router keeps its file (crashed, it comes back)"
+    assert not scaled_down.exists()
+    assert not gone_space.exists()
+
+
     assert line == "sent 3 messages to 'x' (2 accepted, 1 rejected)"
 
 

@@ -232,7 +232,30 @@ def reconcile_once(var: VarDir, *, force: bool = False) -> dict[str, list[str]]:
         return {}
     # The control plane's own programs are never touched here, whatever supervisord reports.
     proxy = supervisor_proxy(var)
-    return apply_config_changes(proxy, ours=lambda name: name not in PROGRAMS)
+    changes = apply_config_changes(proxy, ours=lambda name: name not in PROGRAMS)
+    retire_removed_routers(var)
+    return changes
+
+
+def retire_removed_routers(var: VarDir) -> list[Path]:
+    """Removes the ports file of each router no longer rendered (its space scaled down or
+    deleted), once supervisord has stopped it (`apply_config_changes` waits for that), so the
+    router-agent lists it no more among its space's endpoints. A crashed router is still
+    rendered and keeps its file: supervisord starts it again on the same ports."""
+    rendered = RenderedRouters(var.gitops)
+    wanted = {
+        (space, workload.router_id)
+        for space in rendered.spaces()
+        for workload in rendered.read_space(space).values()
+    }
+    retired = [
+        ports
+        for ports in (var.root / "routers").glob("*/*/ports.json")
+        if (ports.parent.parent.name, ports.parent.name) not in wanted
+    ]
+    for ports in retired:
+        ports.unlink(missing_ok=True)
+    return retired
 
 
 def revive_fatal(proxy: Any) -> list[str]:
