@@ -21,8 +21,10 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
+from enmasse.resources.paging import every_item
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
 from bench.harness import Context, Table, suite
@@ -70,7 +72,9 @@ def wait_all_active(
     waiting = [
         f"{space}/{a.metadata.name}: {a.status.status.phase} {list(a.status.status.messages)}"
         for space in spaces
-        for a in stub.ListAddresses(config_pb2.ListRequest(space=space), timeout=RPC_TIMEOUT).items
+        for a in every_item(
+            partial(stub.ListAddresses, timeout=RPC_TIMEOUT), config_pb2.ListRequest(space=space)
+        )
         if a.status.status.phase != "Active"
     ]
     raise RuntimeError(f"not every address Active within {limit:.0f} s: {waiting}")
@@ -78,7 +82,9 @@ def wait_all_active(
 
 def _all_active(stub: config_pb2_grpc.ConfigServiceStub, space: str) -> bool:
     """Every address of the space (ours and the ones the space comes with) Active."""
-    listed = stub.ListAddresses(config_pb2.ListRequest(space=space), timeout=RPC_TIMEOUT).items
+    listed = every_item(
+        partial(stub.ListAddresses, timeout=RPC_TIMEOUT), config_pb2.ListRequest(space=space)
+    )
     return len(listed) >= 2 and all(a.status.status.phase == "Active" for a in listed)
 
 

@@ -38,6 +38,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -47,6 +48,7 @@ from enmasse.amqp.engine import Outcome
 from enmasse.cli.client import local_ca_file, resolve_token
 from enmasse.common.credentials import verifying_credentials
 from enmasse.resources.kinds import resource_of
+from enmasse.resources.paging import every_item
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
 from bench.harness import Context, Table, suite
@@ -260,8 +262,10 @@ def measure(
 
 
 def count_active(stub: config_pb2_grpc.ConfigServiceStub, space: str) -> int:
-    listed = stub.ListAddresses(config_pb2.ListRequest(space=space), timeout=120)
-    return sum(1 for a in listed.items if a.status.status.phase == "Active")
+    listed = every_item(
+        partial(stub.ListAddresses, timeout=120), config_pb2.ListRequest(space=space)
+    )
+    return sum(1 for a in listed if a.status.status.phase == "Active")
 
 
 def scale(

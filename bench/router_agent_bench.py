@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -38,6 +39,7 @@ from enmasse.amqp import codec
 from enmasse.amqp.client import AmqpError, Client
 from enmasse.resources.discovery import write_ports
 from enmasse.resources.kinds import resource_of
+from enmasse.resources.paging import every_item_async
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2, router_pb2
 
 from bench.harness import Context, Table, suite
@@ -115,8 +117,10 @@ def wait_routed(routers: tuple[RouterProcess, ...], count: int) -> float:
 async def wait_all_active(stub: config_pb2_grpc.ConfigServiceStub, count: int) -> None:
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
-        listed = await stub.ListAddresses(config_pb2.ListRequest(space=SPACE), timeout=60)
-        active = sum(1 for a in listed.items if a.status.status.phase == "Active")
+        listed = await every_item_async(
+            partial(stub.ListAddresses, timeout=60), config_pb2.ListRequest(space=SPACE)
+        )
+        active = sum(1 for a in listed if a.status.status.phase == "Active")
         if active >= count:
             return
         await asyncio.sleep(0.5)

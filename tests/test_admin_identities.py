@@ -245,9 +245,17 @@ def test_router_admin_lets_the_operator_read_and_only_the_control_plane_change(
         stub.GetStats(router_pb2.StatsRequest(), timeout=5)
         return stub.GetConfig(router_pb2.GetConfigRequest(), timeout=5)
 
-    def change(channel: grpc.Channel) -> object:  # a close of a connection nobody has
+    def change(channel: grpc.Channel) -> object:  # a configuration older than none: refused
+        request = router_pb2.RouterConfig(generation=-1, space="s")
+        return router_pb2_grpc.RouterAdminStub(channel).ApplyConfig(request, timeout=5)
+
+    def close(channel: grpc.Channel) -> object:  # a close of a connection nobody has
         request = router_pb2.CloseConnectionRequest(id=424242, reason="test")
         return router_pb2_grpc.RouterAdminStub(channel).CloseConnection(request, timeout=5)
+
+    def close_link(channel: grpc.Channel) -> object:  # and of a link nobody has
+        request = router_pb2.CloseLinkRequest(connection_id=424242, name="l", role="sender")
+        return router_pb2_grpc.RouterAdminStub(channel).CloseLink(request, timeout=5)
 
     assert _codes(target, callers, read) == {
         "control plane": "OK",
@@ -256,13 +264,21 @@ def test_router_admin_lets_the_operator_read_and_only_the_control_plane_change(
         "another CA's control plane": "UNAVAILABLE",
     }
     assert _codes(target, callers, change) == {
-        "control plane": "NOT_FOUND",
+        "control plane": "FAILED_PRECONDITION",
         "operator": "PERMISSION_DENIED",
         "a tenant (no certificate)": "UNAVAILABLE",
         "another CA's control plane": "UNAVAILABLE",
     }
     with grpc.secure_channel(target, callers["operator"]) as channel:
         assert _outcome(lambda: change(channel)) == ("PERMISSION_DENIED", REFUSED_ROLE)
+    # Closing a client's connection or link (the console's Close) is the operator's too.
+    for closing in (close, close_link):
+        assert _codes(target, callers, closing) == {
+            "control plane": "NOT_FOUND",
+            "operator": "NOT_FOUND",
+            "a tenant (no certificate)": "UNAVAILABLE",
+            "another CA's control plane": "UNAVAILABLE",
+        }
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from enmasse.amqp.client import Client
 from enmasse.amqp.engine import Outcome
 from enmasse.resources.kinds import KINDS
 
+from tests.fixtures.config_service import SPACE_QUEUES
 from tests.fixtures.local_runtime import LocalRuntime, enmasse
 
 pytestmark = pytest.mark.slow
@@ -135,8 +136,8 @@ def test_commits_drive_addresses_from_git_to_traffic(
     code, out, _status = sync(local_runtime, remote)
     assert code == 0, out
     assert f"{SPACE}: address/news pruned" in out
-    # The space's dead-letter queue is the space's own (created with its first queue), never pruned.
-    assert addresses(local_runtime) == {"orders", "dlq"}
+    # The space's dead-letter queue and MQTT store queues are the space's own, never pruned.
+    assert addresses(local_runtime) == {"orders", *SPACE_QUEUES}
 
     head = remote.commit(
         "a typo",
@@ -149,5 +150,5 @@ def test_commits_drive_addresses_from_git_to_traffic(
     assert refusal["file"].endswith(f"{tenants}/bad.yaml")
     assert refusal["line"] == 4
     assert refusal["reason"].startswith('unknown field "plann" in spec of Address')
-    assert addresses(local_runtime) == {"orders", "dlq"}
+    assert addresses(local_runtime) == {"orders", *SPACE_QUEUES}
     assert round_trip(port, "orders", "from git 2") == "from git 2"

@@ -135,7 +135,14 @@ def test_enmasse_dashboard_serves_the_page_on_loopback(job_output: job.JobResult
 def test_enmasse_dashboard_without_a_dashboard_says_how_to_make_one(tmp_path: Path) -> None:
     enmasse = Path(sys.executable).with_name("enmasse")
     done = subprocess.run(
-        [str(enmasse), "--var-dir", str(tmp_path), "dashboard"],
+        [
+            str(enmasse),
+            "--var-dir",
+            str(tmp_path),
+            "dashboard",
+            "--path",
+            str(tmp_path / "analytics" / "dashboard.html"),
+        ],
         capture_output=True,
         text=True,
         timeout=60,

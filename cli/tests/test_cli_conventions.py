@@ -27,10 +27,11 @@ from enmasse.cli import logs as component_logs
 from enmasse.cli.main import cli
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
-from tests.fixtures.config_service import ConfigProcess
+from tests.fixtures.config_service import SPACE_QUEUES, ConfigProcess
 from tests.fixtures.etcd import EtcdProcess
 
 ENMASSE = Path(sys.executable).parent / "enmasse"
+SPACE_OWN = [f"address/{name}" for name in SPACE_QUEUES]  # the space's DLQ and MQTT stores
 
 SHOP = """\
 apiVersion: enmasse.io/v1
@@ -169,7 +170,8 @@ def test_get_of_a_missing_space_or_resource_is_an_error_with_exit_code_1(shop: s
 def test_output_name_and_label_and_field_selectors(shop: str) -> None:
     assert enmasse(shop, "get", "addresses", "-s", "shop", "-o", "name") == (
         0,
-        "address/dlq\naddress/orders\naddress/prices\naddress/refunds\n",
+        "".join(f"{name}\n" for name in [*SPACE_OWN, "address/orders", "address/prices"])
+        + "address/refunds\n",
         "",
     )
     assert enmasse(shop, "get", "as", "shop", "-o", "name") == (0, "addressspace/shop\n", "")
@@ -181,11 +183,11 @@ def test_output_name_and_label_and_field_selectors(shop: str) -> None:
 
     assert names("-l", "tier=gold") == ["address/orders"]
     assert names("-l", "tier==gold,team=web") == ["address/orders"]
-    assert names("-l", "tier!=gold") == ["address/dlq", "address/prices", "address/refunds"]
+    assert names("-l", "tier!=gold") == [*SPACE_OWN, "address/prices", "address/refunds"]
     assert names("-l", "tier in (gold, silver)") == ["address/orders", "address/refunds"]
-    assert names("-l", "tier notin (gold)") == ["address/dlq", "address/prices", "address/refunds"]
+    assert names("-l", "tier notin (gold)") == [*SPACE_OWN, "address/prices", "address/refunds"]
     assert names("-l", "tier") == ["address/orders", "address/refunds"]
-    assert names("-l", "!tier") == ["address/dlq", "address/prices"]
+    assert names("-l", "!tier") == [*SPACE_OWN, "address/prices"]
     assert names("--field-selector", "spec.type=topic") == ["address/prices"]
     assert names("--field-selector", "spec.type!=topic,metadata.name=refunds") == [
         "address/refunds"
@@ -198,7 +200,7 @@ def test_output_name_and_label_and_field_selectors(shop: str) -> None:
     set_status(shop, space="shop", name="refunds", phase="Active")
     assert names("--field-selector", "status.phase=Active") == ["address/refunds"]
     assert names("--field-selector", "status.status.phase!=Active") == [
-        "address/dlq",
+        *SPACE_OWN,
         "address/orders",
         "address/prices",
     ]
@@ -227,8 +229,8 @@ def test_get_watch_prints_the_listing_then_each_change(shop: str, tmp_path: Path
     )
     try:
         lines = read_lines(watcher)
-        listed = [lines.get(timeout=30) for _ in range(4)]
-        assert listed == ["address/dlq", "address/orders", "address/prices", "address/refunds"]
+        listed = [lines.get(timeout=30) for _ in range(3 + len(SPACE_OWN))]
+        assert listed == [*SPACE_OWN, "address/orders", "address/prices", "address/refunds"]
         # The listing is not printed a second time: the next line is the change.
         extra = tmp_path / "extra.yaml"
         extra.write_text(
@@ -259,9 +261,14 @@ def test_get_watch_as_a_table_prints_rows_of_the_same_columns(shop: str, tmp_pat
     )
     try:
         lines = read_lines(watcher)
-        listed = [lines.get(timeout=30).split() for _ in range(5)]
+        listed = [lines.get(timeout=30).split() for _ in range(4 + len(SPACE_OWN))]
         assert listed[0] == ["SPACE", "NAME", "ADDRESS", "TYPE", "PLAN", "PHASE"]
-        assert [row[1] for row in listed[1:]] == ["dlq", "orders", "prices", "refunds"]
+        assert [row[1] for row in listed[1:]] == [
+            *(name.removeprefix("address/") for name in SPACE_OWN),
+            "orders",
+            "prices",
+            "refunds",
+        ]
         set_status(shop, space="shop", name="orders", phase="Active")
         assert lines.get(timeout=30).split() == [
             "shop",

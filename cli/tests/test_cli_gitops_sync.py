@@ -18,11 +18,13 @@ from enmasse.cli.client import ConfigClient
 from enmasse.cli.main import cli
 from enmasse.resources.kinds import KINDS
 
-from tests.fixtures.config_service import ConfigProcess
+from tests.fixtures.config_service import SPACE_QUEUES, ConfigProcess
 from tests.fixtures.etcd import EtcdProcess
 
 pytestmark = pytest.mark.slow
 
+SPACE_OWN = {("Address", name): "enmasse-space" for name in SPACE_QUEUES}
+"""The space's own queues (its DLQ and MQTT stores), in `held`'s terms."""
 SPACE = """apiVersion: enmasse.io/v1
 kind: AddressSpace
 metadata: {name: shop}
@@ -128,23 +130,24 @@ def test_commits_are_applied_pruned_and_refused_with_file_and_line(
     )
     code, out, err, status = sync(server, repo, var)
     assert code == 0, err
-    assert (
-        out.splitlines()
-        == [
-            # files in name order: audit.yaml, orders.yaml, space.yaml
-            "shop: address/audit created",
-            "shop: address/orders created",
-            "shop: addressspace/shop created",
-            "shop: address/dlq created",  # the repository declares no DLQ: the space gets one
-            f"synced {head[:12]}: created 4",
-        ]
-    )
+    assert out.splitlines() == [
+        # files in name order: audit.yaml, orders.yaml, space.yaml
+        "shop: address/audit created",
+        "shop: address/orders created",
+        "shop: addressspace/shop created",
+        # the repository declares no DLQ and no MQTT store: the space gets them
+        "shop: address/dlq created",
+        "shop: address/mqtt-retained created",
+        "shop: address/mqtt-wills created",
+        "shop: address/mqtt-sessions created",
+        f"synced {head[:12]}: created 7",
+    ]
     assert status["revision"] == head
     assert held(server) == {
         ("AddressSpace", "shop"): "gitops",
         ("Address", "orders"): "gitops",
         ("Address", "audit"): "gitops",
-        ("Address", "dlq"): "enmasse-space",
+        **SPACE_OWN,
     }
 
     # Applied by hand with the CLI: owned by "cli", never pruned by the sync.
@@ -161,7 +164,7 @@ def test_commits_are_applied_pruned_and_refused_with_file_and_line(
         ("AddressSpace", "shop"): "gitops",
         ("Address", "orders"): "gitops",
         ("Address", "manual"): "cli",
-        ("Address", "dlq"): "enmasse-space",  # not the sync's to prune
+        **SPACE_OWN,  # not the sync's to prune
     }
 
     head = repo.commit(
@@ -185,7 +188,7 @@ def test_commits_are_applied_pruned_and_refused_with_file_and_line(
         ("Address", "orders"): "gitops",
         ("Address", "manual"): "cli",
         ("Address", "invoices"): "gitops",
-        ("Address", "dlq"): "enmasse-space",
+        **SPACE_OWN,
     }
 
 

@@ -175,7 +175,15 @@ def test_stats_per_address_from_the_routers_and_brokers(runtime: LocalRuntime) -
     header, *rows = (line.split() for line in shown.stdout.splitlines())
     assert header == ["ADDRESS", "TYPE", "IN", "OUT", "STORED", "CONSUMERS", "PRODUCERS"]
     by_address = {row[0]: row for row in rows}
-    assert sorted(by_address) == ["DLQ", "browsed", "jobs"]
+    # the space's own queues come with it: its DLQ and the MQTT gateway's stores
+    assert sorted(by_address) == [
+        "DLQ",
+        "browsed",
+        "jobs",
+        "mqtt/retained",
+        "mqtt/sessions",
+        "mqtt/wills",
+    ]
     browsed = by_address["browsed"]
     assert browsed[1] == "queue"
     assert int(browsed[2]) >= 2  # in: at least what this test sent

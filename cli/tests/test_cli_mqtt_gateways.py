@@ -59,6 +59,12 @@ def test_two_instances_each_with_its_port_in_front_of_its_own_router(tmp_path: P
         "--router=127.0.0.1:41100",  # router-1's client port
         "--gateway-id=demo-mqtt-gateway-2",
         f"--ports-file={tmp_path}/gateways/demo/mqtt-gateway-2/ports.json",
+        # its stores: the space's store queues, as the store identity (mqtt_stores)
+        "--store-user=$mqtt-store",
+        f"--store-password-file={tmp_path}/run/mqtt-store-password",
+        "--retained-address=mqtt/retained",
+        "--will-address=mqtt/wills",
+        "--sessions-address=mqtt/sessions",
     )
 
 

@@ -82,6 +82,12 @@ def test_a_standard_space_gets_an_mqtt_gateway_on_a_port_kept_across_passes(
         "--router=127.0.0.1:41000",  # router-0's client port
         "--gateway-id=demo-mqtt-gateway",
         f"--ports-file={tmp_path}/gateways/demo/mqtt-gateway/ports.json",
+        # its stores: the space's store queues, as the store identity (mqtt_stores)
+        "--store-user=$mqtt-store",
+        f"--store-password-file={tmp_path}/run/mqtt-store-password",
+        "--retained-address=mqtt/retained",
+        "--will-address=mqtt/wills",
+        "--sessions-address=mqtt/sessions",
     )
     assert gateway.priority > desired_programs(var)["demo-router-0"].priority
 
@@ -130,12 +136,6 @@ def test_program_files_are_written_once_and_removed_with_their_workload(tmp_path
     assert sorted(p.name for p in var.programs_dir.iterdir()) == ["demo-router-0.conf"]
 
 
-def test_send_lines_say_how_many_where_and_the_outcome() -> None:
-    accepted = [Outcome.ACCEPTED]
-    line = messaging.sent_line(count=1, kind="queue", address="orders", outcomes=accepted)
-    assert line == "sent 1 message to queue 'orders' (accepted)"
-    mixed = [Outcome.ACCEPTED, Outcome.REJECTED, Outcome.ACCEPTED]
-    line = messaging.sent_line(count=3, kind="", address="x", outcomes=mixed)
 def test_a_router_no_longer_rendered_leaves_its_space_s_endpoints(tmp_path: Path) -> None:
     var = VarDir(tmp_path)
     rendered_gitops(var)
@@ -151,6 +151,12 @@ def test_a_router_no_longer_rendered_leaves_its_space_s_endpoints(tmp_path: Path
     assert not gone_space.exists()
 
 
+def test_send_lines_say_how_many_where_and_the_outcome() -> None:
+    accepted = [Outcome.ACCEPTED]
+    line = messaging.sent_line(count=1, kind="queue", address="orders", outcomes=accepted)
+    assert line == "sent 1 message to queue 'orders' (accepted)"
+    mixed = [Outcome.ACCEPTED, Outcome.REJECTED, Outcome.ACCEPTED]
+    line = messaging.sent_line(count=3, kind="", address="x", outcomes=mixed)
     assert line == "sent 3 messages to 'x' (2 accepted, 1 rejected)"
 
 

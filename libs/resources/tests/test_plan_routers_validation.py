@@ -68,3 +68,20 @@ def test_a_brokered_plan_has_no_routers_to_ask_for() -> None:
         "AddressSpacePlan pair: spec.quotas.min_routers: applies to standard address spaces "
         "only: a brokered space has no routers"
     ]
+
+
+def test_load_figures_per_router_are_accepted_on_a_standard_plan() -> None:
+    plan = _plan("standard", min_routers=1, max_routers=3, connections_per_router=500)
+    assert _problems(plan) == []
+    assert _problems(_plan("standard", deliveries_per_router=20_000)) == []
+
+
+def test_negative_or_brokered_load_figures_are_refused() -> None:
+    assert _problems(_plan("standard", connections_per_router=-5)) == [
+        "AddressSpacePlan pair: spec.quotas.connections_per_router: must not be negative, "
+        "got -5 (0 means not scaled by it)"
+    ]
+    assert _problems(_plan("brokered", deliveries_per_router=100)) == [
+        "AddressSpacePlan pair: spec.quotas.deliveries_per_router: applies to standard address "
+        "spaces only: a brokered space has no routers"
+    ]

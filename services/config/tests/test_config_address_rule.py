@@ -15,7 +15,7 @@ import pytest
 from enmasse.resources.gitops_sync import owned_spaces_of, sync_tree
 from enmasse.v1 import config_pb2, resources_pb2
 
-from tests.fixtures.config_service import InProcessConfig
+from tests.fixtures.config_service import SPACE_QUEUES, InProcessConfig
 
 RESERVED = "(reserved for the router network and the control plane)"
 BAD = [
@@ -56,7 +56,7 @@ async def test_create_refuses_a_bad_address_string_and_stores_nothing(
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert refused.value.details() == f"Address shop/bad: spec.address: {expected}"
     listed = await config_stub.ListAddresses(config_pb2.ListRequest(space="shop"))
-    assert list(listed.items) == []
+    assert [a.metadata.name for a in listed.items] == SPACE_QUEUES  # the space's own alone
 
 
 async def test_apply_refuses_each_bad_address_string_with_its_reason(config_stub) -> None:
@@ -125,6 +125,7 @@ async def test_a_bomb_in_one_tenants_directory_is_refused_and_the_others_apply(
         f"{root}/evil/bomb.yaml:8: YAML anchors and aliases are not allowed in manifests (&a)"
     ]
     assert status.pruning_skipped == ["evil"]
-    assert status.applied == {"CREATED": 2}  # both spaces; the bomb's address never existed
+    # both spaces and each one's queues (SPACE_QUEUES); the bomb's address never existed
+    assert status.applied == {"CREATED": 2 + 2 * len(SPACE_QUEUES)}
     listed = await config_stub.ListAddressSpaces(config_pb2.ListRequest())
     assert sorted(s.metadata.name for s in listed.items) == ["evil", "shop"]

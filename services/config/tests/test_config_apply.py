@@ -10,7 +10,7 @@ import pytest
 from enmasse.resources.kinds import resource_of
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
-from tests.fixtures.config_service import start_in_process, stop_in_process
+from tests.fixtures.config_service import SPACE_QUEUES, start_in_process, stop_in_process
 
 Action = config_pb2.ApplyResult.Action
 Ref = config_pb2.ObjectRef
@@ -60,7 +60,11 @@ async def test_create_then_unchanged_then_updated(config_stub) -> None:
         ("AddressSpace", "shop", "CREATED"),
         ("Address", "a", "CREATED"),
         ("Address", "b", "CREATED"),
-        ("Address", "dlq", "CREATED"),  # the space's DLQ, which the queues' plan names
+        # the space's own (the plan serves MQTT, and their queue plan names the DLQ)
+        ("Address", "dlq", "CREATED"),
+        ("Address", "mqtt-retained", "CREATED"),
+        ("Address", "mqtt-wills", "CREATED"),
+        ("Address", "mqtt-sessions", "CREATED"),
     ]
     stored = await addresses(config_stub)
     assert stored["a"].metadata.managed_by == "gitops"
@@ -94,7 +98,7 @@ async def test_prune_removes_exactly_what_left_the_batch_and_only_its_own(config
         ("Address", "b", "UNCHANGED"),
         ("Address", "c", "PRUNED"),
     ]
-    assert sorted(await addresses(config_stub)) == ["a", "b", "dlq", "mine"]
+    assert sorted(await addresses(config_stub)) == sorted(["a", "b", "mine", *SPACE_QUEUES])
 
 
 async def test_dry_run_writes_nothing(config_stub) -> None:
@@ -106,7 +110,7 @@ async def test_dry_run_writes_nothing(config_stub) -> None:
         ("Address", "a", "PRUNED"),
     ]
     assert dry.revision == before.revision
-    assert sorted(await addresses(config_stub)) == ["a", "dlq"]
+    assert sorted(await addresses(config_stub)) == sorted(["a", *SPACE_QUEUES])
 
 
 async def test_atomic_refuses_the_whole_batch(config_stub) -> None:
@@ -152,7 +156,7 @@ async def test_non_atomic_applies_the_valid_and_refuses_the_rest(config_stub) ->
         messages[4]
         == "Address elsewhere/x: metadata: is outside the scope of this apply: address space 'shop'"
     )
-    assert sorted(await addresses(config_stub)) == ["dlq", "good", "old"]
+    assert sorted(await addresses(config_stub)) == sorted(["good", "old", *SPACE_QUEUES])
 
 
 async def test_twenty_concurrent_overlapping_applies_end_consistent(config_server) -> None:
@@ -273,9 +277,9 @@ async def test_a_batch_larger_than_etcd_takes_is_refused_whole(tmp_path, etcd_pr
             )
             after = await stub.ListAddresses(config_pb2.ListRequest())
             assert after.revision == before.revision
-            assert list(after.items) == []
+            assert [a.metadata.name for a in after.items] == SPACE_QUEUES  # the space's own
             fits = await apply(stub, [queue(f"q{n}") for n in range(10)])
-            assert [Action.Name(r.action) for r in fits.results] == ["CREATED"] * 11  # + DLQ
+            assert [Action.Name(r.action) for r in fits.results] == ["CREATED"] * 10
     finally:
         if config is not None:
             await stop_in_process(config)

@@ -22,7 +22,7 @@ import pytest
 from enmasse.common.credentials import bearer_metadata
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
-from tests.fixtures.config_service import ConfigProcess
+from tests.fixtures.config_service import SPACE_QUEUES, ConfigProcess
 from tests.fixtures.etcd import EtcdProcess
 
 Ref = config_pb2.ObjectRef
@@ -223,9 +223,10 @@ async def test_the_matrix_every_caller_every_verb_own_space_and_another(secured)
     assert found == expected, "\n" + _table(
         {k: v for k, v in found.items() if expected.get(k) != v}
     )
-    # Nothing a refused caller tried was done: B has only its own address (and DLQ) left.
+    # Nothing a refused caller tried was done: B has only its own address (and the space's
+    # queues: the DLQ and the MQTT stores) left.
     left = await stub.ListAddresses(config_pb2.ListRequest(space=B), metadata=admin.metadata)
-    assert [a.metadata.name for a in left.items] == ["dlq", "q"]
+    assert [a.metadata.name for a in left.items] == sorted(["q", *SPACE_QUEUES])
 
 
 async def test_a_tenant_sees_only_its_spaces_and_no_secrets(secured) -> None:
@@ -240,7 +241,9 @@ async def test_a_tenant_sees_only_its_spaces_and_no_secrets(secured) -> None:
     spaces = await stub.ListAddressSpaces(config_pb2.ListRequest(), metadata=tenant.metadata)
     assert [s.metadata.name for s in spaces.items] == [A]
     addresses = await stub.ListAddresses(config_pb2.ListRequest(), metadata=tenant.metadata)
-    assert [(a.metadata.space, a.metadata.name) for a in addresses.items] == [(A, "dlq"), (A, "q")]
+    assert [(a.metadata.space, a.metadata.name) for a in addresses.items] == [
+        (A, name) for name in sorted(["q", *SPACE_QUEUES])
+    ]
     plans = await stub.ListAddressPlans(config_pb2.ListRequest(), metadata=tenant.metadata)
     assert plans.items, "every space uses the plans: a tenant reads them"
     events = await tenant.watched(config_pb2.WatchRequest())

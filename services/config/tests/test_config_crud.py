@@ -7,6 +7,8 @@ import pytest
 import scramp
 from enmasse.v1 import config_pb2, resources_pb2
 
+from tests.fixtures.config_service import SPACE_QUEUES
+
 Ref = config_pb2.ObjectRef
 
 
@@ -66,7 +68,8 @@ async def test_address_space_and_address_crud(config_stub) -> None:
     orders = await config_stub.CreateAddress(address("orders"))
     assert orders.metadata.resource_version > created.metadata.resource_version
     listed = await config_stub.ListAddresses(config_pb2.ListRequest(space="shop"))
-    assert [a.metadata.name for a in listed.items] == ["dlq", "orders"]  # + the space's DLQ
+    # + the space's own: the MQTT store queues, and the DLQ their plan and orders' name
+    assert [a.metadata.name for a in listed.items] == sorted(["orders", *SPACE_QUEUES])
     assert listed.revision >= orders.metadata.resource_version
 
     orders.spec.plan = "standard-large-queue"
@@ -254,7 +257,9 @@ async def test_cascade_delete_removes_addresses_and_users(config_stub) -> None:
     )
     await config_stub.DeleteAddressSpace(config_pb2.DeleteRequest(ref=Ref(name="a")))
     left = await config_stub.ListAddresses(config_pb2.ListRequest())
-    assert [(a.metadata.space, a.metadata.name) for a in left.items] == [("b", "dlq"), ("b", "q1")]
+    assert [(a.metadata.space, a.metadata.name) for a in left.items] == [
+        ("b", name) for name in sorted(["q1", *SPACE_QUEUES])
+    ]
     assert not (await config_stub.ListMessagingUsers(config_pb2.ListRequest())).items
     spaces = await config_stub.ListAddressSpaces(config_pb2.ListRequest())
     assert [s.metadata.name for s in spaces.items] == ["b"]

@@ -21,7 +21,7 @@ from enmasse.config.gitops_follow import follow_tree
 from enmasse.resources.gitops_sync import owned_spaces_of, sync_tree, tree_revision
 from enmasse.v1 import config_pb2, resources_pb2
 
-from tests.fixtures.config_service import InProcessConfig
+from tests.fixtures.config_service import SPACE_QUEUES, InProcessConfig
 from tests.fixtures.etcd import EtcdProcess
 
 CONFIG_SCRIPT = Path(sys.executable).parent / "enmasse-config"
@@ -76,13 +76,14 @@ async def test_a_directory_is_applied_pruned_and_refusals_name_file_and_line(
     )
     status = await sync(config_server, root)
     assert status.ok, status.refused
-    assert status.applied == {"CREATED": 4}
+    assert status.applied == {"CREATED": 3 + len(SPACE_QUEUES)}  # + the space's own queues
     assert await stored(config_server) == {
         ("AddressSpace", "", "shop"): "gitops",
         ("Address", "shop", "orders"): "gitops",
         ("Address", "shop", "audit"): "gitops",
-        # the directory declares no DLQ; the queues' plan names one: the space has it
-        ("Address", "shop", "dlq"): "enmasse-space",
+        # the directory declares no DLQ and no MQTT store; the plans promise them: the space
+        # has them
+        **{("Address", "shop", name): "enmasse-space" for name in SPACE_QUEUES},
     }
 
     # Somebody adds an address by hand: gitops must never prune it.
@@ -104,7 +105,7 @@ async def test_a_directory_is_applied_pruned_and_refusals_name_file_and_line(
         ("AddressSpace", "", "shop"),
         ("Address", "shop", "orders"),
         ("Address", "shop", "manual"),
-        ("Address", "shop", "dlq"),  # not the sync's to prune
+        *[("Address", "shop", name) for name in SPACE_QUEUES],  # not the sync's to prune
     }
 
     # An object the store refuses (no such plan): refused with its file:line, the rest applies.
@@ -163,7 +164,8 @@ async def test_follow_writes_the_status_and_applies_each_new_revision(
     )
     try:
         first = await _status_with(status_path, tree_revision(root))
-        assert first["applied"] == {"CREATED": 3}  # the space, orders, and its DLQ
+        # the space, orders, and its own queues (SPACE_QUEUES: the MQTT stores, the DLQ)
+        assert first["applied"] == {"CREATED": 2 + len(SPACE_QUEUES)}
         assert first["refused"] == []
         write(root, {"shop/broken.yaml": "kind: [unclosed\n"})
         second = await _status_with(status_path, tree_revision(root))
@@ -212,7 +214,8 @@ def test_the_config_process_syncs_its_manifests_dir(
             time.sleep(0.1)
         status = _read(status_path)
         assert status["revision"] == tree_revision(root)
-        assert status["applied"] == {"CREATED": 3}  # the space, orders, and its DLQ
+        # the space, orders, and its own queues (SPACE_QUEUES: the MQTT stores, the DLQ)
+        assert status["applied"] == {"CREATED": 2 + len(SPACE_QUEUES)}
         assert status["error"] == ""
     finally:
         os.kill(process.pid, signal.SIGKILL)

@@ -29,8 +29,13 @@ Action = config_pb2.ApplyResult.Action
 
 
 def plans() -> Catalog:
+    """The default plans, their space plans without `mqtt`: these tests pin the dead-letter and
+    expiry queues alone (the MQTT store queues, which come the same way, are pinned in
+    test_config_mqtt_stores.py)."""
     out = Catalog()
     for plan in load_default_plans():
+        if plan.WhichOneof("kind") == "address_space_plan":
+            plan.address_space_plan.spec.mqtt = False
         out.put(plan)
     return out
 
@@ -262,7 +267,14 @@ async def test_the_config_service_lists_the_queue_refuses_its_deletion_deletes_i
     listed = await config_stub.ListAddresses(config_pb2.ListRequest(space="shop"), timeout=10)
     assert [
         (a.metadata.name, a.spec.address, a.spec.type, a.metadata.managed_by) for a in listed.items
-    ] == [("dlq", "DLQ", "queue", SPACE_MANAGER), ("orders", "orders", "queue", "")]
+    ] == [
+        ("dlq", "DLQ", "queue", SPACE_MANAGER),
+        # the default plan serves MQTT: the gateway's store queues came with the space
+        ("mqtt-retained", "mqtt/retained", "queue", SPACE_MANAGER),
+        ("mqtt-sessions", "mqtt/sessions", "queue", SPACE_MANAGER),
+        ("mqtt-wills", "mqtt/wills", "queue", SPACE_MANAGER),
+        ("orders", "orders", "queue", ""),
+    ]
     ref = config_pb2.ObjectRef(space="shop", name="dlq")
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await config_stub.DeleteAddress(config_pb2.DeleteRequest(ref=ref), timeout=10)
@@ -286,7 +298,7 @@ async def test_a_store_written_before_gets_its_queues_when_config_starts(
         }
     )
     await config_server.store.commit(old, guard=await config_server.store.guard_revision())
-    assert await config_server.servicer.create_space_queues() == 1
+    assert await config_server.servicer.create_space_queues() == 4  # DLQ, 3 MQTT stores
     assert await config_server.servicer.create_space_queues() == 0  # once is enough
     found = await config_server.store.get(("Address", "shop", "dlq"))
     assert found is not None

@@ -17,6 +17,7 @@ import pytest
 from enmasse.config.access import OPERATIONS, Identity, authorize
 from enmasse.config.store import Commit, Store
 from enmasse.resources.kinds import resource_of
+from enmasse.resources.paging import every_item_async
 from enmasse.resources.status_batches import ENTRY_TRAILER, write_batch
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
@@ -62,8 +63,8 @@ async def _addresses(stub, count: int, *, space: str = "shop", per_apply: int = 
 
 
 async def _listed(stub, *, space: str = "shop") -> dict[str, resources_pb2.Address]:
-    listed = await stub.ListAddresses(config_pb2.ListRequest(space=space))
-    return {a.metadata.name: a for a in listed.items}
+    listed = await every_item_async(stub.ListAddresses, config_pb2.ListRequest(space=space))
+    return {a.metadata.name: a for a in listed}  # every page: a List answers 500 at a time
 
 
 def _entry(address: resources_pb2.Address, phase: str, *, version: int | None = None):

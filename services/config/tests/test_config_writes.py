@@ -7,6 +7,7 @@ import pytest
 from enmasse.common.passwords import hash_password, verify_password
 from enmasse.config import writes
 from enmasse.resources.kinds import resource_of
+from enmasse.resources.mqtt_stores import STORE_ADDRESSES
 from enmasse.resources.plans import load_default_plans
 from enmasse.resources.validation import Catalog
 from enmasse.v1 import config_pb2, resources_pb2
@@ -15,8 +16,8 @@ Action = config_pb2.ApplyResult.Action
 
 
 def catalog() -> Catalog:
-    """The default plans and the space `shop`, with the dead-letter queue its queues' plans
-    name (`DLQ`: the config service created it with the space's first queue)."""
+    """The default plans and the space `shop`, with the queues the config service created with
+    it: the MQTT store queues its plan promises and the dead-letter queue their plan names."""
     out = Catalog()
     for plan in load_default_plans():
         out.put(plan)
@@ -32,6 +33,17 @@ def catalog() -> Catalog:
             spec={"address": "DLQ", "type": "queue", "plan": "standard-small-queue"},
         )
     )
+    for store in STORE_ADDRESSES:
+        out.put(
+            resources_pb2.Address(
+                metadata={
+                    "name": store.replace("/", "-"),
+                    "space": "shop",
+                    "managed_by": "enmasse-space",
+                },
+                spec={"address": store, "type": "queue", "plan": "standard-small-queue"},
+            )
+        )
     return out
 
 

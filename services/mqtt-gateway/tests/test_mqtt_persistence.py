@@ -109,6 +109,8 @@ def test_the_newest_revision_wins_and_a_new_one_is_newer_than_a_clock_ahead() ->
 def test_a_persistent_subscription_is_a_durable_named_link() -> None:
     source = durable_source("telemetry")
     assert (source.address, source.durable, source.expiry_policy) == ("telemetry", 2, "never")
+    assert source.timeout == 0, "a session that never expires: the broker keeps it for ever"
+    assert durable_source("telemetry", expiry=3600).timeout == 3600, "the broker's lease"
     assert durable_name("sensors/kitchen") == "mqtt:sensors/kitchen"
 
 
@@ -199,7 +201,8 @@ def test_a_new_persistent_session_is_recorded_and_not_present() -> None:
     store = MemoryStore()
     session = persistence(store, expiry=60)
     assert run(session.begin(clean_start=False, uplink=recording())) is None
-    assert session.link_of("t") == {"name": "mqtt:t", "source": durable_source("t")}
+    assert session.link_of("t") == {"name": "mqtt:t", "source": durable_source("t", expiry=60)}
+    assert session.link_of("t")["source"].timeout == 60
     assert [(r.subscriptions, r.ended_ms) for r in store.records() if r] == [({}, 0)]
 
 
@@ -336,3 +339,14 @@ def test_a_client_id_connected_again_ends_the_older_connection_only() -> None:
     assert newer.ended == 1
     connected.claim("", Holding())  # no id: nothing to take over
     connected.claim("", Holding())
+
+
+def test_max_session_expiry_caps_a_session_that_would_never_end() -> None:
+    store = MemoryStore()
+    sessions = Sessions(store=store, address="mqtt/sessions", max_expiry=600)  # type: ignore[arg-type]
+    forever = Persistence(sessions=sessions, client_id="c1", expiry=NEVER)  # 3.1.1, clean 0
+    assert forever.granted_expiry == 600
+    assert run(forever.begin(clean_start=False, uplink=recording())) is None
+    assert forever.link_of("t")["source"].timeout == 600
+    shorter = Persistence(sessions=sessions, client_id="c2", expiry=60)
+    assert shorter.granted_expiry == 60, "a shorter interval is kept as asked"

@@ -96,6 +96,24 @@ def anycast(name: str) -> resources_pb2.Address:
     )
 
 
+async def create_shop(stub: config_pb2_grpc.ConfigServiceStub) -> None:
+    """The space `shop`, of standard-small without `mqtt`: these tests follow their own
+    addresses to Active with no storage-controller, so the space must not hold the MQTT store
+    queues a plan serving MQTT gives it (nobody here would place them)."""
+    plan = await stub.GetAddressSpacePlan(Ref(name="standard-small"), timeout=10)
+    plan.metadata.Clear()
+    plan.metadata.name = "standard-small-no-mqtt"
+    plan.spec.mqtt = False
+    await stub.CreateAddressSpacePlan(plan, timeout=10)
+    await stub.CreateAddressSpace(
+        resources_pb2.AddressSpace(
+            metadata=resources_pb2.Metadata(name="shop"),
+            spec=resources_pb2.AddressSpaceSpec(type="standard", plan="standard-small-no-mqtt"),
+        ),
+        timeout=10,
+    )
+
+
 async def phases(stub: config_pb2_grpc.ConfigServiceStub) -> dict[str, str]:
     try:
         listed = await stub.ListAddresses(config_pb2.ListRequest(space="shop"), timeout=5)
@@ -134,12 +152,7 @@ async def test_a_killed_agent_converges_after_restart(
     first = AgentProcess(config=config_server.target, var=tmp_path)
     agent_process.append(first)
     first.start()
-    await config_stub.CreateAddressSpace(
-        resources_pb2.AddressSpace(
-            metadata=resources_pb2.Metadata(name="shop"),
-            spec=resources_pb2.AddressSpaceSpec(type="standard", plan="standard-small"),
-        )
-    )
+    await create_shop(config_stub)
     names = {f"a{i:02d}" for i in range(10)}
     for name in sorted(names):
         await config_stub.CreateAddress(anycast(name))
@@ -211,13 +224,7 @@ async def test_the_agent_rides_out_config_and_etcd_crashes(
     channel = grpc.aio.insecure_channel(config.target)
     stub = config_pb2_grpc.ConfigServiceStub(channel)
     try:
-        await stub.CreateAddressSpace(
-            resources_pb2.AddressSpace(
-                metadata=resources_pb2.Metadata(name="shop"),
-                spec=resources_pb2.AddressSpaceSpec(type="standard", plan="standard-small"),
-            ),
-            timeout=10,
-        )
+        await create_shop(stub)
         first = {f"a{i}" for i in range(5)}
         for name in sorted(first):
             await stub.CreateAddress(anycast(name), timeout=10)
@@ -319,13 +326,7 @@ async def test_a_killed_router_takes_its_addresses_out_of_active_until_it_is_bac
     agent.start()
     async with grpc.aio.insecure_channel(config.target) as channel:
         stub = config_pb2_grpc.ConfigServiceStub(channel)
-        await stub.CreateAddressSpace(
-            resources_pb2.AddressSpace(
-                metadata=resources_pb2.Metadata(name="shop"),
-                spec=resources_pb2.AddressSpaceSpec(type="standard", plan="standard-small"),
-            ),
-            timeout=5,
-        )
+        await create_shop(stub)
         await stub.CreateAddress(anycast("calls"), timeout=5)
         await stub.CreateAddress(
             resources_pb2.Address(

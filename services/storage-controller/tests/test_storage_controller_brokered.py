@@ -226,9 +226,18 @@ async def test_the_brokers_clients_are_the_spaces_users_as_their_rules_say(
     broker: BrokerProcess | None = None
     controller.start()
     try:
+        # `shop` only holds another space's user: of a plan without `mqtt`, so that it holds no
+        # queue (the MQTT store queues) whose broker nobody here starts
+        routed = await config.GetAddressSpacePlan(
+            config_pb2.ObjectRef(name="standard-small"), timeout=5
+        )
+        routed.metadata.Clear()
+        routed.metadata.name = "standard-small-no-mqtt"
+        routed.spec.mqtt = False
+        await config.CreateAddressSpacePlan(routed, timeout=5)
         for name, kind, plan in (
             ("jms", "brokered", "brokered-single"),
-            ("shop", "standard", "standard-small"),
+            ("shop", "standard", "standard-small-no-mqtt"),
         ):
             await config.CreateAddressSpace(
                 resources_pb2.AddressSpace(

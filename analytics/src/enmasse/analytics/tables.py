@@ -6,10 +6,13 @@ them back. Nothing here touches files, so tests call each function on known span
 with answers worked out by hand.
 
 Definitions (the docs repeat them):
-- a message is one trace holding an `amqp.send` span (one per trace, by convention);
+- a message is one trace holding an `amqp.send` span (one per trace, by convention), or one a
+  router started: its root is that router's hop (`tracing.ROUTER_ROOTS`, no parent), standing
+  for the send of a producer that does not trace;
 - end-to-end latency of a message = the latest end of its consumer-side spans (`amqp.deliver`,
-  `amqp.settle`) minus the start of its root `amqp.send`: for multicast, until the last consumer
-  has it;
+  `amqp.settle`, and the router's `router.deliver`, which ends when the consumer's settlement
+  reaches the router) minus the start of its send: for multicast, until the last consumer has
+  it;
 - a hop is a span named in `tracing.HOP_SPANS`; hops of one message do not overlap, so their sum
   is at most the end-to-end latency (what remains is wire time between processes);
 - percentiles are exact, linearly interpolated between the closest ranks (Spark's `percentile`,
@@ -25,7 +28,7 @@ from pyspark.sql import functions as F
 
 NS_PER_MS = 1_000_000.0
 PERCENTILES = (0.5, 0.95, 0.99)
-CONSUMER_SPANS = (tracing.SPAN_DELIVER, tracing.SPAN_SETTLE)
+CONSUMER_SPANS = (tracing.SPAN_DELIVER, tracing.SPAN_SETTLE, tracing.SPAN_ROUTER_DELIVER)
 NEGATIVE_OUTCOMES = ("rejected", "released", "modified")
 GRPC_CODES = {
     1: "CANCELLED",
@@ -56,6 +59,14 @@ def _percentiles_ms(value_ns: Column, prefix: str = "") -> list[Column]:
     ]
 
 
+def _is_send() -> Column:
+    """The span that starts a message: a producer's `amqp.send`, or the root hop of a trace a
+    router started for a producer that does not trace."""
+    return (F.col("name") == tracing.SPAN_SEND) | (
+        F.col("name").isin(*tracing.ROUTER_ROOTS) & F.col("parent_span_id").isNull()
+    )
+
+
 def _ts(ns: Column) -> Column:
     return F.timestamp_micros(F.floor(ns / 1000).cast("long"))
 
@@ -71,8 +82,8 @@ def throughput(
     Columns: window_start, window_end, *keys, sent, delivered, bytes_sent, sent_per_s."""
     if window_seconds <= 0:
         raise ValueError(f"window must be a positive number of seconds, not {window_seconds}")
-    traffic = spans.filter(F.col("name").isin(tracing.SPAN_SEND, tracing.SPAN_DELIVER))
-    is_send = F.col("name") == tracing.SPAN_SEND
+    is_send = _is_send()
+    traffic = spans.filter(is_send | (F.col("name") == tracing.SPAN_DELIVER))
     grouped = traffic.groupBy(
         F.window(_ts(F.col("start_ns")), f"{window_seconds} seconds").alias("window"), *keys
     ).agg(
@@ -103,7 +114,7 @@ def messages(spans: DataFrame) -> DataFrame:
     # The send need not be the trace's root span: an application may wrap it in its own span.
     # One grouping by trace, no join: the send's columns ride along as the first (only) send of
     # the group, so the spans are shuffled once.
-    is_send = F.col("name") == tracing.SPAN_SEND
+    is_send = _is_send()
     is_hop = F.col("name").isin(*tracing.HOP_SPANS)
     send = F.struct(
         "space",
@@ -114,7 +125,7 @@ def messages(spans: DataFrame) -> DataFrame:
         "outcome",
     )
     per_trace = (
-        spans.filter(is_send | is_hop)
+        spans.filter(is_send | is_hop | F.col("name").isin(*CONSUMER_SPANS))
         .groupBy("trace_id")
         .agg(
             F.first(F.when(is_send, send), ignorenulls=True).alias("send"),
@@ -163,11 +174,12 @@ def latency(messages_df: DataFrame, *, keys: tuple[str, ...] = ADDRESS_KEYS) -> 
 
 
 def hop_latency(spans: DataFrame) -> DataFrame:
-    """Per-hop breakdown: each hop span's duration per address.
+    """Per-hop breakdown: each hop span's (and `router.deliver`'s) duration per address.
 
     Columns: space, address, address_type, hop, spans, mean_ms, p50_ms, p95_ms, p99_ms, total_ms."""
-    hops = spans.filter(F.col("name").isin(*tracing.HOP_SPANS)).withColumnRenamed("name", "hop")
-    order = F.array_position(F.array(*[F.lit(h) for h in tracing.HOP_SPANS]), F.col("hop"))
+    latency_spans = tracing.HOP_LATENCY_SPANS
+    hops = spans.filter(F.col("name").isin(*latency_spans)).withColumnRenamed("name", "hop")
+    order = F.array_position(F.array(*[F.lit(h) for h in latency_spans]), F.col("hop"))
     return (
         hops.groupBy(*ADDRESS_KEYS, "hop")
         .agg(

@@ -44,6 +44,7 @@ import grpc
 from enmasse.common.certificates import CA_FILE, TlsFiles
 from enmasse.common.credentials import bearer_metadata, channel_credentials, verifying_credentials
 from enmasse.resources.kinds import Key, Kind, key_of, resource_of
+from enmasse.resources.paging import every_item
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
 DEFAULT_SERVER = "127.0.0.1:5680"
@@ -232,6 +233,11 @@ class ListPhase:
         return [event]
 
 
+def _expired(error: grpc.RpcError) -> bool:
+    code = error.code() if isinstance(error, grpc.Call) else None
+    return code == grpc.StatusCode.OUT_OF_RANGE
+
+
 def dropped(error: grpc.RpcError) -> bool:
     """Whether a call failed because the connection went (a stream worth resuming), not because
     the server said no. A server killed mid-stream is mostly UNAVAILABLE, but gRPC sometimes
@@ -320,8 +326,11 @@ class ConfigClient:
             raise explain(error, server=self.server) from None
 
     def list(self, info: Kind, *, space: str = "") -> list[resources_pb2.Resource]:
-        reply = self._call(_calls(info).list, config_pb2.ListRequest(space=space))
-        return [resource_of(item) for item in reply.items]
+        def page(request: config_pb2.ListRequest) -> Any:
+            return self._call(_calls(info).list, request)
+
+        items = every_item(page, config_pb2.ListRequest(space=space))
+        return [resource_of(item) for item in items]
 
     def get(self, info: Kind, *, name: str, space: str = "") -> resources_pb2.Resource:
         return resource_of(
@@ -394,16 +403,18 @@ class ConfigClient:
     ) -> Iterator[config_pb2.WatchEvent]:
         """List-then-watch; on a dropped stream, resume after the last revision seen (no event
         missed or repeated), giving up when the server stays away for `retry_for` seconds. A
-        stream dropped before the list was complete lists again (see `ListPhase`)."""
-        revision = 0  # until SYNCED, a resume must list again: the list may be incomplete
+        stream dropped before the list was complete resumes the list with the continue token of
+        the last ADDED; only when that token has expired does it list again (see `ListPhase`)."""
+        revision = 0  # until SYNCED, a resume must go on with the list: it may be incomplete
         listing: ListPhase | None = ListPhase()
+        resume = ""  # the list phase's continue token: where a cut list goes on
         down_since: float | None = None
         while True:
             request = config_pb2.WatchRequest(
-                kinds=list(kinds), space=space, resource_version=revision
+                kinds=list(kinds), space=space, resource_version=revision, continue_token=resume
             )
             stream = self._stub.Watch(request, metadata=self._metadata)
-            if listing is not None:
+            if listing is not None and not resume:
                 listing.restart()
             try:
                 for event in stream:
@@ -414,10 +425,14 @@ class ConfigClient:
                         yield event
                         continue
                     yield from listing.passed_on(event)
+                    resume = event.continue_token or resume
                     if event.type == config_pb2.WatchEvent.SYNCED:
-                        listing, revision = None, event.revision
+                        listing, revision, resume = None, event.revision, ""
                 return  # the server ended the stream on purpose
             except grpc.RpcError as error:
+                if listing is not None and resume and _expired(error):
+                    resume = ""  # the list's revision was compacted: list it all again
+                    continue
                 if not dropped(error):
                     raise explain(error, server=self.server) from None
                 down_since = down_since or time.monotonic()

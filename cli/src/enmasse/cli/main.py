@@ -20,7 +20,7 @@
     enmasse watch KIND [--space S]               events until Ctrl-C
     enmasse validate -f FILE|DIR                 offline, for a manifests repo's CI (offline.py)
     enmasse diff -f FILE|DIR [--prune]           what apply would create/change/prune (diff.py)
-    enmasse dashboard [--serve]                  the tracing dashboard (dashboard.py)
+    enmasse dashboard [--no-browser]             the console's trace view (dashboard.py)
     enmasse gitops sync --repo URL --path DIR    pull git, apply with prune (gitops.py)
     enmasse token create NAME --role R | list | revoke NAME   access tokens (tokens.py)
 
@@ -1180,15 +1180,23 @@ def reconcile(settings: Settings, interval: float) -> None:
 
 
 @cli.command()
-@click.option("--path", metavar="FILE|DIR", help="dashboard.html [<var-dir>/analytics]")
-@click.option("--serve", "serve_it", is_flag=True, help="serve over HTTP on loopback instead")
+@click.option("--no-browser", is_flag=True, help="print the URL only, open no browser")
+@click.option("--path", metavar="FILE|DIR", help="the static dashboard.html [<var-dir>/analytics]")
+@click.option("--serve", "serve_it", is_flag=True, help="serve the static one on loopback")
 @click.option("--port", type=int, default=0, show_default=True, help="with --serve; 0 = free")
 @pass_settings
-def dashboard(settings: Settings, path: str | None, serve_it: bool, port: int) -> None:
-    """Open the tracing dashboard `enmasse-analytics` wrote, or serve it (--serve)."""
+def dashboard(
+    settings: Settings, no_browser: bool, path: str | None, serve_it: bool, port: int
+) -> None:
+    """Open the console's trace view (the URL is printed; no display or --no-browser: only
+    printed). --path / --serve: the static dashboard `enmasse-analytics` wrote."""
+    if path is None and not serve_it:
+        url = dashboard_view.trace_view(settings.var)
+        click.echo(dashboard_view.show(url, browser=not no_browser))
+        return
     page = dashboard_view.locate(var_root=settings.var.root, path=path)
     if not serve_it:
-        click.echo(dashboard_view.open_in_browser(page))
+        click.echo(dashboard_view.show(page.as_uri(), browser=not no_browser))
         return
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     dashboard_view.serve(page, port=port, announce=lambda url: click.echo(url))

@@ -12,21 +12,51 @@ An instance no longer wanted has its ports file removed, so it is listed no more
 (runtime.py) makes each one more supervised program beside the space's routers; like them, it
 is started as a process, never imported.
 
+Stores: each gateway keeps retained messages, wills and persistent sessions in the space's
+store queues (`mqtt/retained`, `mqtt/wills`, `mqtt/sessions`, which the config service gives
+every space whose plan serves MQTT: `enmasse.resources.mqtt_stores`) and logs in to its router
+for them as the store identity (`$mqtt-store`), whose password is the installation's
+<var>/run/mqtt-store-password (random, made once by `up` before the router-agent starts, mode
+0600; the router-agent gets the same file and gives the identity to the routers of those
+spaces). A space whose plan does not serve MQTT has neither: its gateway's stores answer
+"unavailable" and it serves without retained messages, wills or persistent sessions.
+
 A cluster renders no gateway yet: this is the local runtime's only (#17).
 """
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 
+from enmasse.cli.local.tokens import read_secret, write_secret
 from enmasse.cli.local.var_dir import VarDir
 from enmasse.common.ports import unclaimed_port
+from enmasse.resources.contracts import (
+    MQTT_STORE_USER,
+    RETAINED_ADDRESS,
+    SESSIONS_ADDRESS,
+    WILL_ADDRESS,
+)
 from enmasse.resources.rendered_routers import RouterWorkload
 
 GATEWAY_ID = "mqtt-gateway"
 PORT_FILE = "mqtt-port"
 INSTANCES_FILE = "mqtt-gateways"
 MAX_INSTANCES = 16
+STORE_PASSWORD_FILE = "mqtt-store-password"
+
+
+def store_password_file(var: VarDir) -> Path:
+    """<var>/run/mqtt-store-password: the store identity's password (router-agent, gateways)."""
+    return var.run / STORE_PASSWORD_FILE
+
+
+def ensure_store_password(var: VarDir) -> None:
+    """A random store password unless there is one (kept: the router-agent and every gateway
+    read the same file)."""
+    if not read_secret(store_password_file(var)):
+        write_secret(store_password_file(var), secrets.token_urlsafe(32))
 
 
 def instances(var: VarDir) -> int:
@@ -103,4 +133,9 @@ def gateway_command(
         f"--router=127.0.0.1:{router.ports.amqp}",
         f"--gateway-id={space}-{gateway_id}",
         f"--ports-file={gateway_dir(var, space, gateway_id) / 'ports.json'}",
+        f"--store-user={MQTT_STORE_USER}",
+        f"--store-password-file={store_password_file(var)}",
+        f"--retained-address={RETAINED_ADDRESS}",
+        f"--will-address={WILL_ADDRESS}",
+        f"--sessions-address={SESSIONS_ADDRESS}",
     ]

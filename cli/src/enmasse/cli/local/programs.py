@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from enmasse.cli.client import OPERATOR_HOLDER, CliError
+from enmasse.cli.local.gateways import store_password_file
 from enmasse.cli.local.ports import Ports
 from enmasse.cli.local.tls import CONFIG_ETCD, ETCD
 from enmasse.cli.local.var_dir import VarDir
@@ -81,10 +82,6 @@ def program_commands(*, var: VarDir, ports: Ports) -> dict[str, list[str]]:
             f"--key-file={etcd.key}",
             f"--trusted-ca-file={etcd.ca}",
             "--client-cert-auth",
-            # config commits a whole Apply batch as one transaction: etcd's defaults (128 ops,
-            # 1.5 MiB) would refuse a space of a few hundred addresses.
-            "--max-txn-ops=20000",
-            "--max-request-bytes=33554432",
         ],
         "config": [
             installed_program("enmasse-config"),
@@ -112,6 +109,7 @@ def program_commands(*, var: VarDir, ports: Ports) -> dict[str, list[str]]:
             f"--gitops-dir={var.gitops}",
             f"--token-file={var.service_token('router-agent')}",
             f"--tls-dir={var.tls_dir('router-agent')}",
+            f"--mqtt-store-password-file={store_password_file(var)}",
         ],
         "subscription": [
             installed_program("enmasse-subscription"),

@@ -48,6 +48,7 @@ from enmasse.cli.client import (
     open_channel,
     resolve_token,
 )
+from enmasse.cli.local.gateways import ensure_store_password
 from enmasse.cli.local.ports import read_ports
 from enmasse.cli.local.programs import PROGRAMS
 from enmasse.cli.local.supervisor import (
@@ -142,6 +143,7 @@ def up(var: VarDir, *, step: Step = _silent) -> tuple[str, bool]:
 def _up(var: VarDir, *, step: Step) -> tuple[str, bool]:
     started = False
     ensure_admin_token(var)  # before config starts: its bootstrap admin token
+    ensure_store_password(var)  # before the router-agent starts: the MQTT store identity's
     ensure_certificates(var)  # before anything starts: every port speaks mutual TLS
     if not supervisor_answers(var):
         if (pid := supervisord_pid(var)) is not None:

@@ -13,8 +13,11 @@ search for `traceparent` (a C-level scan over a few hundred bytes). A message th
 has the flags of its str8 traceparent read in place (`flagged_unsampled`); only one that may be
 sampled is decoded (`sampled_context`: message-annotations first, as the W3C AMQP draft wants
 for intermediaries, then application-properties) and traced if its flags say sampled.
-Intermediaries here never re-encode a message, so they never add annotations: every hop's span
-is a child of the producer's `amqp.send`, and the bytes travel untouched.
+Intermediaries here do not re-encode a sampled message, so they add no annotations: every hop's
+span is a child of the producer's `amqp.send`, and the bytes travel untouched. The one exception
+is a message that came without any context and whose trace a router starts
+(`enmasse.router.hops`): that router writes the new trace's `traceparent` into its
+message-annotations, where every later hop reads it first.
 
 Hops are measured as explicit (start, end) wall-clock nanoseconds rather than as "current
 spans", because a hop's start and end happen in different engine callbacks (arrival and

@@ -254,6 +254,8 @@ def read_terminus(ptr: Any) -> Terminus:
 def write_terminus(ptr: Any, terminus: Terminus) -> None:
     from proton import Data, symbol
 
+    if terminus.coordinator:
+        lib.pn_terminus_set_type(ptr, lib.PN_COORDINATOR)
     if terminus.address is not None:
         lib.pn_terminus_set_address(ptr, terminus.address.encode())
     lib.pn_terminus_set_durability(ptr, terminus.durable)

@@ -46,8 +46,9 @@ BROKER = "broker"
 STORE = "store"
 """etcd: its own CA, so only the config service's certificate opens it."""
 OPERATOR = "operator"
-"""The machine operator (`enmasse status`, `up`'s readiness wait): RouterAdmin and BrokerAdmin let
-it read what a router runs and a broker holds, never change either."""
+"""The machine operator (`enmasse status`, `up`'s readiness wait, the console): RouterAdmin and
+BrokerAdmin let it read what a router runs and a broker holds, never change either; RouterAdmin
+also lets it close a client's connection (the console's Close)."""
 ENDPOINT = "endpoint"
 """A space's client endpoint (a router's, or a brokered space's broker's, amqps port): a server
 certificate naming that one process, which clients verify; no port takes it from a client."""

@@ -152,3 +152,17 @@ connection's container id) and `LOST_CLEAN` (true: closed without an error, so i
 dropped; false: lost, so its will is published)."""
 
 LOST_CONTAINER, LOST_CLEAN = "container", "clean"
+
+RETAINED_ADDRESS = "mqtt/retained"
+"""The queue of a standard space that holds its retained MQTT messages (the gateway's
+`retained.py`), one entry per topic."""
+
+SESSIONS_ADDRESS = "mqtt/sessions"
+"""The queue of a standard space that holds its persistent MQTT sessions' records (the
+gateway's `persistence.py`)."""
+
+MQTT_STORE_USER = "$mqtt-store"
+"""The identity the MQTT gateway logs in to its routers as for its store queues (retained
+messages, wills, sessions) and the `$lwt` notices: not a MessagingUser (a MessagingUser may not
+take the name); the router-agent adds it to the routers of each space whose plan serves MQTT
+(`enmasse.resources.mqtt_stores`)."""

@@ -47,12 +47,13 @@ class NamedQueue:
     address: str
     roles: tuple[str, ...]  # DEAD_LETTER, EXPIRY: what the plans name it for
     plans: tuple[str, ...]  # the address plans that name it, in the space plan's order
+    owner: str = "address plan"  # what kind of plan names it (`mqtt_stores`: the space plan)
 
     def describe(self) -> str:
         """`the dead-letter address of address plan 'standard-small-queue'`, for messages."""
         roles = " and ".join(self.roles)
         plans = ", ".join(f"'{p}'" for p in self.plans)
-        return f"the {roles} address of address plan{'s' if len(self.plans) > 1 else ''} {plans}"
+        return f"the {roles} address of {self.owner}{'s' if len(self.plans) > 1 else ''} {plans}"
 
 
 def named_queues(

@@ -6,6 +6,9 @@ and `revision`, the last store revision the cache reflects.
 
 How it stays right:
 - it starts with a list (resource_version 0: ADDED..., SYNCED) and then follows the changes;
+  a stream cut during that list resumes it with the `continue_token` of the last ADDED (the
+  server reads the list at one revision, a page at a time), so a list of 100,000 objects is
+  not started over when config restarts in the middle of it;
 - when the stream breaks (config restarted, network, etcd restarted behind config) it reconnects
   with back-off and resumes from `revision`, so it sees every change once, none missed, none
   repeated (a transaction cut in the middle is replayed whole by the server, and what the cache
@@ -75,6 +78,9 @@ class Informer:
         self._backoff = initial_backoff
         self._cache: dict[Key, resources_pb2.Resource] = {}
         self.revision = 0
+        # the list phase in progress, kept across a break so that it resumes where it was cut
+        self._listing: dict[Key, resources_pb2.Resource] | None = None
+        self._continue = ""
         self.synced = asyncio.Event()
         self.relists = 0
         self.reconnects = 0
@@ -118,6 +124,7 @@ class Informer:
                     log.info("revision compacted; re-listing", revision=self.revision)
                     self.relists += 1
                     self.revision = 0
+                    self._listing, self._continue = None, ""
                     continue
                 log.info("watch broke; resuming", code=error.code().name, revision=self.revision)
             except _WatchEnded:
@@ -132,14 +139,17 @@ class Informer:
             space=self.space,
             resource_version=self.revision,
             with_secrets=self.with_secrets,
+            continue_token=self._continue if self.revision == 0 else "",
         )
-        listing: dict[Key, resources_pb2.Resource] | None = {} if self.revision == 0 else None
+        if self.revision == 0 and not self._continue:
+            self._listing = {}
         async for event in stub.Watch(request):
-            if event.type == Event.ADDED and listing is not None:
-                listing[key_of(event.object)] = event.object
-            elif event.type == Event.SYNCED and listing is not None:
-                await self._replace(listing)
-                listing = None
+            if event.type == Event.ADDED and self._listing is not None:
+                self._listing[key_of(event.object)] = event.object
+                self._continue = event.continue_token
+            elif event.type == Event.SYNCED and self._listing is not None:
+                await self._replace(self._listing)
+                self._listing, self._continue = None, ""
                 self.revision = event.revision
                 self.synced.set()
             elif event.type == Event.PROGRESS:

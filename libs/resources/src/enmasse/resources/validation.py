@@ -34,16 +34,19 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from enmasse.common import tracing
 from enmasse.resources.authorization import pattern_problem
 from enmasse.resources.contracts import (
     ADDRESS_TYPES,
     BROKERED,
     DEFAULT_MAX_MESSAGE_SIZE,
     MAX_MESSAGE_SIZE_BOUND,
+    MQTT_STORE_USER,
     OPERATIONS,
     QUEUE,
     RESERVED_PREFIXES,
     SPACE_TYPES,
+    STANDARD,
     STORED_TYPES,
     SUBSCRIPTION,
     SUBSCRIPTION_SEPARATOR,
@@ -60,6 +63,7 @@ from enmasse.resources.kinds import (
     kind_of,
     object_of,
 )
+from enmasse.resources.mqtt_stores import STORE_ADDRESSES, store_queue_plan, store_queues
 from enmasse.v1 import resources_pb2
 
 MAX_ADDRESS_LENGTH = 255
@@ -101,6 +105,16 @@ def min_routers_problem(*, space_type: str, quotas: resources_pb2.Quotas) -> str
         return "applies to standard address spaces only: a brokered space has no routers"
     if most > 0 and wanted > most:
         return f"must be at most max_routers ({most}), got {wanted}"
+    return None
+
+
+def router_load_problem(*, space_type: str, per_router: int) -> str | None:
+    """Why a plan's connections_per_router or deliveries_per_router cannot be a scaling
+    figure, or None (0: no scaling by that measure)."""
+    if per_router < 0:
+        return f"must not be negative, got {per_router} (0 means not scaled by it)"
+    if per_router > 0 and space_type == BROKERED:
+        return "applies to standard address spaces only: a brokered space has no routers"
     return None
 
 
@@ -553,6 +567,7 @@ class _Rules:
                     f"which {spec.address_space_type} address spaces do not have",
                 )
         self._space_queues_creatable()
+        self._mqtt_stores_creatable()
         quotas = spec.quotas
         for name in (
             "max_addresses",
@@ -565,9 +580,19 @@ class _Rules:
         ):
             if getattr(quotas, name) < 0:
                 self.bad(f"spec.quotas.{name}", "must not be negative (0 means unlimited)")
+        for name in ("connections_per_router", "deliveries_per_router"):
+            scaling_problem = router_load_problem(
+                space_type=spec.address_space_type, per_router=getattr(quotas, name)
+            )
+            if scaling_problem:
+                self.bad(f"spec.quotas.{name}", scaling_problem)
         size_problem = max_message_size_problem(quotas.max_message_size)
         if size_problem:
             self.bad("spec.quotas.max_message_size", size_problem)
+        if spec.HasField("trace_sampling"):
+            sampling_problem = tracing.router_sampling_problem(spec.trace_sampling)
+            if sampling_problem:
+                self.bad("spec.trace_sampling", sampling_problem)
         routers_problem = min_routers_problem(space_type=spec.address_space_type, quotas=quotas)
         if routers_problem:
             self.bad("spec.quotas.min_routers", routers_problem)
@@ -589,6 +614,22 @@ class _Rules:
                 "spec.address_plans",
                 f"'{first.address}' is {first.describe()}, which an address space of this "
                 "plan gets as a queue, but the plan lists no queue plan to create it with",
+            )
+
+    def _mqtt_stores_creatable(self) -> None:
+        """A plan that serves MQTT gives its spaces the gateway's store queues
+        (`enmasse.resources.mqtt_stores`): a standard plan, with a persistent queue plan."""
+        spec = self.obj.spec
+        if not spec.mqtt:
+            return
+        if spec.address_space_type != STANDARD:
+            self.bad("spec.mqtt", "applies to standard address spaces only (their MQTT gateway)")
+        elif store_queue_plan(self.obj, self.references.address_plans) is None:
+            self.bad(
+                "spec.mqtt",
+                "an address space of this plan gets the MQTT gateway's store queues "
+                f"({', '.join(STORE_ADDRESSES)}), but the plan lists no persistent queue plan "
+                "to create them with",
             )
 
     # -- tenant resources
@@ -672,6 +713,7 @@ class _Rules:
             return
         plans = self.references.address_plans
         named = named_queues(space_plan.spec.address_plans, plans).get(spec.address)
+        named = named or store_queues(space_plan).get(spec.address)
         if named is not None:
             self.bad(
                 "spec.type",
@@ -775,6 +817,11 @@ class _Rules:
             self.bad("spec.username", "must not be empty")
         elif any(c.isspace() for c in spec.username):
             self.bad("spec.username", f"'{spec.username}' must not contain whitespace")
+        elif spec.username == MQTT_STORE_USER:
+            self.bad(
+                "spec.username",
+                f"'{spec.username}' is reserved: the MQTT gateway's store identity logs in as it",
+            )
         if not spec.password and (self.existing is None or not self.existing.spec.password_hash):
             self.bad("spec.password", "is required when a messaging user is created")
         for i, rule in enumerate(spec.authorization):
@@ -806,18 +853,27 @@ class _Rules:
 
 def _space_queue_kept(key: Key, catalog: Catalog) -> list[Violation]:
     """An address holding the dead-letter or expiry address of a plan its space's other
-    addresses use stays."""
+    addresses use stays, and so does a store queue of a space whose plan serves MQTT."""
     kind, space, name = key
     address = catalog.addresses.get((space, name))
     if address is None:
         return []
     used = catalog.address_index().plans_used(space, without=name)
     named = named_queues(used, catalog.address_plans).get(address.spec.address)
-    if named is None:
+    if named is not None:
+        message = (
+            f"holds '{named.address}', {named.describe()}, which addresses of address space "
+            f"'{space}' use: it can be deleted once none does, or with the space"
+        )
+        return [Violation(kind, space, name, "metadata.name", message, True)]
+    address_space = catalog.address_spaces.get(space)
+    space_plan = catalog.address_space_plans.get(address_space.spec.plan) if address_space else None
+    store = store_queues(space_plan).get(address.spec.address)
+    if store is None:
         return []
     message = (
-        f"holds '{named.address}', {named.describe()}, which addresses of address space "
-        f"'{space}' use: it can be deleted once none does, or with the space"
+        f"holds '{store.address}', {store.describe()}, which the MQTT gateway of address space "
+        f"'{space}' uses: it goes with the space, or once its plan no longer serves MQTT"
     )
     return [Violation(kind, space, name, "metadata.name", message, True)]
 

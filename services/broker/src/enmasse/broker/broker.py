@@ -375,7 +375,36 @@ class Broker:
         if created and durable:
             self._catalog.add_subscription(topic_name, identity, selector=text)
             self.commit_catalog()
+        elif durable and identity in self._catalog.data.subscription_leases.get(topic_name, {}):
+            self._catalog.lease_subscription(topic_name, identity, until_ms=None)  # it is back
+            self.commit_catalog()
         return sub
+
+    def lease_subscription(self, topic_name: str, identity: str, *, until_ms: int) -> None:
+        """The last subscriber of a durable subscription went away asking for it to last only
+        its terminus timeout: it is removed at `until_ms` unless one comes back meanwhile
+        (`subscribe` ends the lease; `expire_subscriptions` removes). Kept in the catalog, so a
+        restart changes neither the end nor the subscription."""
+        self._catalog.lease_subscription(topic_name, identity, until_ms=until_ms)
+        self.commit_catalog()
+
+    def expire_subscriptions(self, now: int) -> list[tuple[str, str]]:
+        """Removes, with what they held, the durable subscriptions whose lease ended by `now`
+        (wall-clock ms) and that nobody consumes; returns their (topic, identity)."""
+        expired = []
+        for topic_name, leases in list(self._catalog.data.subscription_leases.items()):
+            for identity, until in list(leases.items()):
+                topic = self.topics.get(topic_name)
+                sub = topic.subscriptions.get(identity) if topic is not None else None
+                if until > now or (sub is not None and sub.queue.consumer_count):
+                    continue
+                if sub is not None:
+                    self.unsubscribe(topic_name, identity)  # its lease goes with it
+                else:
+                    self._catalog.lease_subscription(topic_name, identity, until_ms=None)
+                    self.commit_catalog()
+                expired.append((topic_name, identity))
+        return expired
 
     def unsubscribe(self, topic_name: str, identity: str) -> None:
         topic = self.topics.get(topic_name)

@@ -44,6 +44,9 @@ class CatalogData:
     topics: dict[str, Plan] = field(default_factory=dict)
     durable_subscriptions: dict[str, list[str]] = field(default_factory=dict)  # topic -> ids
     subscription_selectors: dict[str, dict[str, str]] = field(default_factory=dict)  # topic -> id
+    # topic -> id -> wall-clock ms after which a durable subscription whose subscriber went away
+    # with a terminus timeout is removed, unless it came back (leases.py)
+    subscription_leases: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -90,6 +93,7 @@ def apply_record(data: CatalogData, record: dict[str, Any]) -> None:
         data.topics.pop(record["name"], None)
         data.durable_subscriptions.pop(record["name"], None)
         data.subscription_selectors.pop(record["name"], None)
+        data.subscription_leases.pop(record["name"], None)
     elif op == "sub":
         ids = data.durable_subscriptions.setdefault(record["topic"], [])
         if record["id"] not in ids:
@@ -102,6 +106,9 @@ def apply_record(data: CatalogData, record: dict[str, Any]) -> None:
         if not ids:
             data.durable_subscriptions.pop(record["topic"], None)
         _set_selector(data, record["topic"], record["id"], None)
+        _set_lease(data, record["topic"], record["id"], None)
+    elif op == "lease":
+        _set_lease(data, record["topic"], record["id"], record.get("until_ms"))
     else:
         raise CatalogError(f"unknown catalog record {op!r}")
 
@@ -116,6 +123,16 @@ def _set_selector(data: CatalogData, topic: str, identity: str, selector: str | 
         data.subscription_selectors.pop(topic, None)
 
 
+def _set_lease(data: CatalogData, topic: str, identity: str, until_ms: int | None) -> None:
+    leases = data.subscription_leases.setdefault(topic, {})
+    if until_ms is None:
+        leases.pop(identity, None)
+    else:
+        leases[identity] = int(until_ms)
+    if not leases:
+        data.subscription_leases.pop(topic, None)
+
+
 def snapshot_text(data: CatalogData) -> str:
     return json.dumps(
         {
@@ -126,6 +143,9 @@ def snapshot_text(data: CatalogData) -> str:
             },
             "subscription_selectors": {
                 k: dict(sorted(v.items())) for k, v in sorted(data.subscription_selectors.items())
+            },
+            "subscription_leases": {
+                k: dict(sorted(v.items())) for k, v in sorted(data.subscription_leases.items())
             },
         },
         indent=1,
@@ -140,6 +160,10 @@ def parse_snapshot(text: str) -> CatalogData:
         durable_subscriptions={k: list(v) for k, v in raw.get("durable_subscriptions", {}).items()},
         subscription_selectors={
             k: dict(v) for k, v in raw.get("subscription_selectors", {}).items()
+        },
+        subscription_leases={
+            k: {i: int(ms) for i, ms in v.items()}
+            for k, v in raw.get("subscription_leases", {}).items()
         },
     )
 
@@ -212,6 +236,14 @@ class Catalog:
 
     def drop_subscription(self, topic: str, identity: str) -> None:
         self._change({"op": "sub-", "topic": topic, "id": identity})
+
+    def lease_subscription(self, topic: str, identity: str, *, until_ms: int | None) -> None:
+        """A durable subscription ends at `until_ms` unless its subscriber returns (None: it
+        returned, or never left: no end)."""
+        record: dict[str, Any] = {"op": "lease", "topic": topic, "id": identity}
+        if until_ms is not None:
+            record["until_ms"] = until_ms
+        self._change(record)
 
     def _change(self, record: dict[str, Any]) -> None:
         apply_record(self.data, record)

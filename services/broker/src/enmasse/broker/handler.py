@@ -132,6 +132,8 @@ class Endpoint:
         self._to_dispatch: set[Queue] = set()
         self._reaper: Timer | None = None
         self.traced = TracedMessages()
+        # Recovered messages keep their traces: their consumer-side spans join them (hops.py).
+        self.traced.recovered(broker.recovered.messages, queues=broker.queues)
         # A brokered space's broker: who may log in and attach (None: it serves routers).
         self.clients = (
             ClientEndpoint(revoke=_revoke, is_queue=lambda a: broker.find_queue(a) is not None)
@@ -221,6 +223,9 @@ class Endpoint:
         if reaped:
             log.info("messages expired", count=reaped)
             self.schedule_commit()  # the acks of expired journaled messages
+        for topic, identity in self.broker.expire_subscriptions(now_ms()):
+            log.info("subscription expired", topic=topic, subscription=identity)
+            self.schedule_commit()  # the acks of what it held
         self._reaper = self.engine.call_later(self.settings.reap_interval, self._reap)
 
 
@@ -652,7 +657,7 @@ class BrokerConnection(ConnectionHandler):
         if isinstance(context, LinkConsumer):
             queue = context.queue
             queue.remove_consumer(context)
-            if self._coordination is not None:
+            if self._coordination is not None or self.endpoint.transactions.open:
                 self.endpoint.transactions.consumer_gone(context)
             if context.subscription is not None:
                 self._end_subscription(link, context, closed=closed)
@@ -674,7 +679,12 @@ class BrokerConnection(ConnectionHandler):
         if found is None:
             return
         if found.durable and not closed:
-            return  # durable: keeps collecting while the subscriber is away
+            # durable: keeps collecting while the subscriber is away, for ever or, when its
+            # source asked for a timeout (s), that long after the last subscriber left
+            if link.source.timeout > 0 and not found.queue.consumer_count:
+                until = now_ms() + 1000 * link.source.timeout
+                self.broker.lease_subscription(topic, found.identity, until_ms=until)
+            return
         if found.queue.consumer_count:
             return  # a shared subscription still has other consumers
         self.broker.unsubscribe(topic, found.identity)
@@ -816,10 +826,11 @@ class BrokerConnection(ConnectionHandler):
         """A consumer settled a delivery under a transaction: it stays acquired until the
         discharge (coordinator.py); without a coordinator on this connection, as the engine's."""
         consumer = link.context
-        if self._coordination is None or not isinstance(consumer, LinkConsumer):
+        coordination = self._coordination or self._routed_coordination(txn_id)
+        if coordination is None or not isinstance(consumer, LinkConsumer):
             super().on_transactional_outcome(link, delivery, txn_id=txn_id, outcome=outcome)
             return
-        self._coordination.acquire(
+        coordination.acquire(
             link,
             delivery,
             txn_id=txn_id,
@@ -827,6 +838,18 @@ class BrokerConnection(ConnectionHandler):
             consumer=consumer,
             settlement=settlement_of(delivery, outcome),
         )
+
+    def _routed_coordination(self, txn_id: bytes | None) -> Coordination | None:
+        """A standard space's broker: a router passes its client's transactional disposition on
+        the consumer's feed link, on the router's shared connection, while the transaction was
+        declared on the router's own connection for that client's coordinator (the router
+        checked that the client declared it): the acquisition joins that connection's
+        transaction. Nobody else reaches a routers-only broker's port."""
+        if not self.endpoint.settings.routers_only or txn_id is None:
+            return None
+        txn = self.endpoint.transactions.open.get(txn_id)
+        owner = txn.owner if txn is not None else None
+        return owner._coordination if isinstance(owner, BrokerConnection) else None
 
 
 def _revoke(link: Link, error: Condition) -> None:

@@ -14,18 +14,27 @@ queues). So an owned, sampled message is remembered by its payload's identity, a
 side asks `picked(payload)`: one dict lookup, and only while some sampled message waits (the
 dequeue path first checks that the table is non-empty). The table is bounded: a sampled message
 that is never consumed (expired, purged) is forgotten once `LIMIT` newer ones wait.
+
+A message recovered from the journal after a restart keeps its trace: the journal holds its
+bytes, trace context included, so `recovered` puts each sampled one back in the table (its
+residence counted from the recovery, marked `enmasse.recovered`), and its consumer-side spans
+(here, in the routers, in the consumer) join the trace its producer started.
 """
 
 from __future__ import annotations
 
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 
-from enmasse.amqp.message_trace import now_ns, record_hop, sampled_context
+from enmasse.amqp.message_trace import MARK, now_ns, record_hop, sampled_context
 from enmasse.common import tracing
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 LIMIT = 10_000
+ATTR_RECOVERED = "enmasse.recovered"
+"""On `broker.queue_residence` / `broker.dequeue` of a message recovered from the journal: its
+residence is counted from the recovery, not from its first arrival."""
 
 _tracer: trace.Tracer | None = None
 
@@ -116,6 +125,36 @@ class TracedMessages:
                 tracing.ATTR_CONDITION: condition,
             },
         )
+
+    def recovered(
+        self, messages: Mapping[str, Iterable[tuple[int, bytes, int]]], *, queues: Container[str]
+    ) -> int:
+        """The sampled messages among those recovered from the journal (per queue: id, payload,
+        expiry), waiting again from now. A name not in `queues` is a topic's subscription queue
+        (`<topic>::<identity>`): its spans name the topic. Returns how many were sampled."""
+        found = 0
+        stored = now_ns()
+        for queue, entries in messages.items():
+            for _, payload, _ in entries:
+                if found >= LIMIT:
+                    return found
+                if MARK not in payload:
+                    continue
+                parent = sampled_context(payload)
+                if parent is None:
+                    continue
+                is_queue = queue in queues
+                attributes = tracing.span_attributes(
+                    address=queue if is_queue else queue.split("::", 1)[0],
+                    space=self.space,
+                    address_type="queue" if is_queue else "topic",
+                    extra={ATTR_RECOVERED: True},
+                )
+                self.waiting[id(payload)] = Waiting(
+                    payload=payload, parent=parent, attributes=attributes, stored_ns=stored
+                )
+                found += 1
+        return found
 
     def picked(self, payload: bytes) -> Waiting | None:
         """A consumer takes this message: its residence ends (None when it is not sampled)."""

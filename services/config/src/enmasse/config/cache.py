@@ -1,8 +1,9 @@
 """The write path's catalog: every object of the store, in memory, kept exact by etcd's watch.
 
-In: one list of the store's prefix, then its etcd watch (re-opened from the last revision when
-etcd goes away, re-listed when that revision was compacted). Out: `at_least(revision)`, the
-catalog once it reflects every change up to `revision`.
+In: one list of the store's prefix (read in chunks at one revision), then its etcd watch
+(re-opened from the last revision when etcd goes away, re-listed when that revision was
+compacted). Out: `at_least(revision)`, the catalog once it reflects every change up to
+`revision`.
 
 Why it is exact for writes: every write transaction also bumps the guard key, so the guard's mod
 revision G is the revision of the last write. A write reads G, waits until this catalog has seen
@@ -20,7 +21,9 @@ import asyncio
 import contextlib
 
 import structlog
+from enmasse.config.listing import Snapshot
 from enmasse.config.store import Compacted, Store, StoreUnavailable
+from enmasse.config.writes import Refused
 from enmasse.resources.validation import Catalog
 
 log = structlog.get_logger(__name__)
@@ -64,13 +67,21 @@ class CatalogCache:
                 )
 
     async def _load(self) -> None:
-        objects, revision = await self._store.objects(kind=None)
-        catalog = Catalog()
-        for obj in objects:
-            catalog.put(obj)
-        catalog.address_index()  # from now on kept current by put / remove
-        self.catalog = catalog
-        await self._advance(revision)
+        """The whole store, read a chunk at a time at one revision (no etcd answer of the size
+        of the store); read again from the start if that revision is compacted meanwhile."""
+        while True:
+            snapshot = Snapshot(self._store, kind=None, scope="catalog")
+            catalog = Catalog()
+            try:
+                async for _, obj in snapshot.objects():
+                    catalog.put(obj)
+            except Refused:  # `listing.expired`: the snapshot's revision was compacted
+                log.info("catalog snapshot compacted while loading; reading it again")
+                continue
+            catalog.address_index()  # from now on kept current by put / remove
+            self.catalog = catalog
+            await self._advance(snapshot.revision)
+            return
 
     async def _advance(self, revision: int) -> None:
         async with self._advanced:

@@ -17,6 +17,17 @@ anything is written; it then commits in as many transactions as etcd's limits ne
 lands between them. Only another process writing to the same etcd (config runs as one replica)
 could: the rest is then checked again on the new state and committed on top of it.
 
+An Apply too large for one etcd transaction (more than 127 writes, or 1.5 MiB) is committed in
+several (`Store.parts`: deletes first, then plans, spaces, addresses, subscriptions last, users),
+one after the other under the write lock, so no other write of this process lands between them;
+everything is validated first, against one catalog, as for any write. What it promises: watchers
+may see the parts arrive one by one; if the store fails after some parts went in, the call fails
+naming how many of its writes were committed ("... 254 of the 1002 writes of this apply were
+committed; apply the same batch again to finish it"), and applying the same batch again
+converges: what went in is UNCHANGED, the rest is written. An Apply that fits in one transaction
+is all or nothing, as before. Lists and Watch's list phase read the store a page at a time, at
+one revision (`enmasse.config.listing`).
+
 Every RPC first passes the gate (`enmasse.config.gate`: the caller's token, what its role may do
 in the space the call is about, the audit event); a List or Watch of every space shows a scoped
 caller its own spaces only, an Apply is authorized as the writes it would make, and no answer
@@ -53,7 +64,8 @@ from enmasse.config.access import (
 from enmasse.config.audit import OK, AuditLog
 from enmasse.config.cache import CatalogCache
 from enmasse.config.gate import Call, Gate
-from enmasse.config.store import Commit, Store, StoreRefused, StoreUnavailable
+from enmasse.config.listing import list_page
+from enmasse.config.store import Commit, Part, Store, StoreRefused, StoreUnavailable, TooLarge
 from enmasse.config.tokens import Authenticator
 from enmasse.config.watch import watch_events
 from enmasse.config.writes import Refused
@@ -252,16 +264,25 @@ class ConfigServicer(config_pb2_grpc.ConfigServiceServicer):
         self, kind: str, request: config_pb2.ListRequest, context: grpc.aio.ServicerContext
     ) -> Any:
         async def run(identity: Identity) -> Any:
-            objects, revision = await self.store.objects(kind=kind, space=request.space)
             wanted = dict(request.label_selector)
             visible = visible_spaces(identity)
-            items = [
-                writes.public_form(obj)
-                for obj in objects
-                if all(obj.metadata.labels.get(k) == v for k, v in wanted.items())
-                and sees(visible, key_of(obj))
-            ]
-            return KINDS[kind].list_message(items=items, revision=revision)
+
+            def shown(obj: AnyObject) -> AnyObject | None:
+                if not all(obj.metadata.labels.get(k) == v for k, v in wanted.items()):
+                    return None
+                return writes.public_form(obj) if sees(visible, key_of(obj)) else None
+
+            page = await list_page(
+                self.store,
+                kind=kind,
+                space=request.space if kind in SPACE_SCOPED_KINDS else "",
+                limit=request.limit,
+                continue_token=request.continue_token,
+                shown=shown,
+            )
+            return KINDS[kind].list_message(
+                items=page.items, revision=page.revision, continue_token=page.continue_token
+            )
 
         space = request.space if kind in SPACE_SCOPED_KINDS else ""
         call = Call(LIST_RPCS[kind], space=space, kind=kind)
@@ -400,7 +421,7 @@ class ConfigServicer(config_pb2_grpc.ConfigServiceServicer):
                 raise Refused(grpc.StatusCode.PERMISSION_DENIED, refusal.reason)
             return (Commit() if request.dry_run else plan.commit), plan
 
-        plan, revision = await self._write(compute)
+        plan, revision = await self._write_apply(compute)
         log.info(
             "applied",
             space=request.space,
@@ -410,6 +431,55 @@ class ConfigServicer(config_pb2_grpc.ConfigServiceServicer):
             results=len(plan.results),
         )
         return config_pb2.ApplyResponse(results=plan.results, revision=revision)
+
+    async def _write_apply(
+        self, compute: Callable[[Catalog], tuple[Commit, writes.ApplyPlan]]
+    ) -> tuple[writes.ApplyPlan, int]:
+        """An Apply's writes: one transaction when they fit, else `Store.parts` one after the
+        other under the write lock (see the module docstring for what a failure part-way
+        leaves). Another process writing in between makes the rest planned again on the new
+        state; the results still say what this Apply did to each object."""
+        written: dict[Key, config_pb2.ApplyResult] = {}
+        async with self._lock:
+            for _attempt in range(MAX_ATTEMPTS):
+                guard = await self.store.guard_revision()
+                catalog = await self.cache.at_least(guard)
+                commit, plan = compute(catalog)  # no await inside: the catalog holds still
+                plan.results = _merged(plan.results, written)
+                if not commit:
+                    return plan, guard
+                try:
+                    parts = self.store.parts(commit)
+                except TooLarge as error:
+                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(error)) from error
+                results = {_result_key(result): result for result in plan.results}
+                total = len(written) + sum(len(part.keys) for part in parts)
+                for part in parts:
+                    revision = await self._commit_part(part, guard=guard, done=written, total=total)
+                    if revision is None:
+                        log.info("store changed under an apply, going on", written=len(written))
+                        break
+                    guard = revision
+                    written.update((key, results[key]) for key in part.keys if key in results)
+                else:
+                    return plan, guard
+        raise Refused(grpc.StatusCode.ABORTED, "the store kept changing under the write; retry")
+
+    async def _commit_part(
+        self, part: Part, *, guard: int, done: dict[Key, Any], total: int
+    ) -> int | None:
+        """One transaction of an Apply; a failure after others went in says how far it got."""
+        try:
+            return await self.store.commit_part(part, guard=guard)
+        except (StoreUnavailable, StoreRefused) as error:
+            if not done:
+                raise  # nothing written: the store's own refusal, as for any write
+            code = error.code if isinstance(error, StoreRefused) else grpc.StatusCode.UNAVAILABLE
+            raise Refused(
+                code,
+                f"the store failed part-way: {error}; {len(done)} of the {total} writes of this "
+                "apply were committed; apply the same batch again to finish it",
+            ) from error
 
     async def seed_default_plans(self) -> int:
         """Stores the default plans when the store has none at all; how many it stored."""
@@ -469,6 +539,25 @@ class ConfigServicer(config_pb2_grpc.ConfigServiceServicer):
             return revoked
 
         return await self._serve(context, Call("RevokeToken", kind="Token", name=request.name), run)
+
+
+def _result_key(result: config_pb2.ApplyResult) -> Key:
+    return result.kind, result.ref.space, result.ref.name
+
+
+def _merged(
+    results: list[config_pb2.ApplyResult], written: dict[Key, config_pb2.ApplyResult]
+) -> list[config_pb2.ApplyResult]:
+    """The results of an Apply planned again after some of it was written: what the earlier
+    transactions did (CREATED, not the UNCHANGED a re-plan sees), and their prunes and space
+    queues, which a re-plan no longer lists."""
+    merged = [
+        written.get(key, result) if result.action == config_pb2.ApplyResult.UNCHANGED else result
+        for result in results
+        for key in [_result_key(result)]
+    ]
+    planned = {_result_key(result) for result in results}
+    return merged + [result for key, result in written.items() if key not in planned]
 
 
 def _applied_as(identity: Identity, results: list[config_pb2.ApplyResult]) -> list[Decision]:

@@ -24,10 +24,10 @@ instance), the commit fails and the write is checked again. So every rule holds 
 state, whatever the rule, without an index key per rule. The price is that writes are
 serialized, which the config service does in-process anyway.
 
-A batch of status writes (`commit_puts`) is the one write that may take several transactions:
-thousands of addresses' statuses do not fit in one under etcd's default limits (128 operations,
-1.5 MiB a request), so they go in as many as needed, each comparing the guard with the revision
-the one before left it at.
+Two writes may take several transactions: a batch of status writes (`commit_puts`) and a large
+Apply (`parts`, `commit_part`). Thousands of addresses do not fit in one under etcd's default
+limits (128 operations, 1.5 MiB a request), so they go in as many as needed, each comparing the
+guard with the revision the one before left it at. A commit that fits in one is one, as before.
 
 Access tokens live beside the resources, outside `resources/` (so no Watch, List or catalog ever
 sees them): found by the hash of the secret a caller presents, and by name for the admin's
@@ -72,7 +72,8 @@ _CHANNEL_OPTIONS = [
 
 
 class Compacted(Exception):
-    """The revision a watch asked for is older than etcd's compaction point."""
+    """The revision a watch (or a paged read) asked for is older than etcd's compaction point
+    (`compact_revision` 0: etcd did not say where that point is)."""
 
     def __init__(self, compact_revision: int) -> None:
         super().__init__(f"compacted up to revision {compact_revision}")
@@ -122,8 +123,40 @@ class WatchBatch:
 
 
 @dataclass
+class Page:
+    """One read of a key range at one revision: (key below `resources/`, object) in key order,
+    the revision read at, whether the range holds more after the last key, and that last key
+    (the next page starts after it, even when it is not an object of ours)."""
+
+    objects: list[tuple[str, AnyObject]]
+    revision: int
+    more: bool
+    last: str
+
+
+@dataclass
+class Part:
+    """One transaction of a commit too large for one: its operations and the keys it writes
+    (an emptied space counts as its AddressSpace's key)."""
+
+    ops: list[Any]
+    keys: list[Key]
+
+
+class TooLarge(Exception):
+    """One object is larger than etcd takes in a request: no split can write it."""
+
+    def __init__(self, key: Key, size: int, limit: int) -> None:
+        super().__init__(
+            f"{key[0]} {key[1]}/{key[2]}: {size} bytes, more than etcd takes ({limit})"
+        )
+        self.key = key
+
+
+@dataclass
 class Commit:
-    """The writes of one transaction: objects to put, keys to delete, spaces to empty."""
+    """The writes of one transaction (or of several, `Store.parts`): objects to put, keys to
+    delete, spaces to empty."""
 
     puts: dict[Key, AnyObject] = field(default_factory=dict)
     deletes: list[Key] = field(default_factory=list)
@@ -194,16 +227,32 @@ class Store:
 
     # ---------------------------------------------------------------- reads
 
-    async def objects(self, *, kind: str | None, space: str = "") -> tuple[list[AnyObject], int]:
-        """Objects of one kind (None: every kind), of one `space` if given, and the revision."""
+    async def page(
+        self, *, kind: str | None, space: str = "", after: str = "", revision: int, limit: int
+    ) -> Page:
+        """At most `limit` objects of one kind (None: every kind), of one `space` if given,
+        whose keys sort after `after` (a key below `resources/`, as a Page names it; "": from
+        the first), read at `revision` (0: now). Raises Compacted when etcd has compacted
+        `revision` away."""
         start, end = self._range_of(kind, space)
-        response = await self._call(self._kv.Range, rpc.RangeRequest(key=start, range_end=end))
+        if after:
+            start = max(start, self._resources + after.encode() + b"\0")
+        request = rpc.RangeRequest(key=start, range_end=end, revision=revision, limit=limit)
+        try:
+            response = await self._call(self._kv.Range, request)
+        except StoreRefused as error:
+            if error.code == grpc.StatusCode.OUT_OF_RANGE and "compacted" in error.details:
+                raise Compacted(0) from error
+            raise
         out = []
+        last = after
         for kv in response.kvs:
+            last = kv.key[len(self._resources) :].decode()
             key = self.parse_key(kv.key)
             if key is not None:
-                out.append(self._decode(key, kv.value, kv.mod_revision))
-        return out, response.header.revision
+                out.append((last, self._decode(key, kv.value, kv.mod_revision)))
+        read_at = revision or int(response.header.revision)
+        return Page(objects=out, revision=read_at, more=bool(response.more), last=last)
 
     async def get(self, key: Key) -> AnyObject | None:
         response = await self._call(self._kv.Range, rpc.RangeRequest(key=self.key(key)))
@@ -265,6 +314,72 @@ class Store:
             guard = revision
             revisions.extend([revision] * len(chunk))
         return revisions
+
+    def parts(self, commit: Commit) -> list[Part]:
+        """`commit` as transactions within etcd's limits (one when it fits), in the order that
+        keeps what a later one needs in the store before it: deletes first (addresses and
+        users, then spaces with all they hold, then space plans, then address plans), then puts
+        (address plans, space plans, spaces, addresses with subscriptions last, users). A space
+        and its emptying stay in one transaction. TooLarge when one object cannot fit at all."""
+        groups = [*self._delete_groups(commit), *self._put_groups(commit)]
+        budget = self._max_request_bytes - _TXN_SLACK_BYTES
+        parts: list[Part] = []
+        part, size = Part(ops=[], keys=[]), 0
+        for key, ops, weight in groups:
+            if weight > budget:
+                raise TooLarge(key, weight, budget)
+            if part.ops and (
+                len(part.ops) + len(ops) >= self._max_txn_ops or size + weight > budget
+            ):
+                parts.append(part)
+                part, size = Part(ops=[], keys=[]), 0
+            part.ops.extend(ops)
+            part.keys.append(key)
+            size += weight
+        if part.ops:
+            parts.append(part)
+        return parts
+
+    async def commit_part(self, part: Part, *, guard: int) -> int | None:
+        """One part of `parts`, if the guard is still at `guard`: the new revision, or None."""
+        return await self._guarded(part.ops, guard=guard)
+
+    def _delete_groups(self, commit: Commit) -> list[tuple[Key, list[Any], int]]:
+        order = {"Address": 0, "MessagingUser": 0, "AddressSpace": 1, "AddressSpacePlan": 2}
+        groups = []
+        for key in sorted(commit.deletes, key=lambda k: order.get(k[0], 3)):
+            raw = self.key(key)
+            ops = [rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=raw))]
+            if key[0] == "AddressSpace" and key[2] in commit.emptied_spaces:
+                for kind in SPACE_SCOPED_KINDS:
+                    start, end = self._range_of(kind, key[2])
+                    request = rpc.DeleteRangeRequest(key=start, range_end=end)
+                    ops.append(rpc.RequestOp(request_delete_range=request))
+            groups.append((key, ops, (2 * len(raw) + _OP_OVERHEAD_BYTES) * len(ops)))
+        deleted = {key[2] for key in commit.deletes if key[0] == "AddressSpace"}
+        for space in commit.emptied_spaces:
+            if space not in deleted:  # emptied without its own delete: not something Apply does
+                for kind in SPACE_SCOPED_KINDS:
+                    start, end = self._range_of(kind, space)
+                    request = rpc.DeleteRangeRequest(key=start, range_end=end)
+                    op = rpc.RequestOp(request_delete_range=request)
+                    groups.append((("AddressSpace", "", space), [op], 2 * len(start)))
+        return groups
+
+    def _put_groups(self, commit: Commit) -> list[tuple[Key, list[Any], int]]:
+        order = {"AddressPlan": 0, "AddressSpacePlan": 1, "AddressSpace": 2, "Address": 3}
+
+        def rank(item: tuple[Key, AnyObject]) -> int:
+            key, obj = item
+            subscription = key[0] == "Address" and obj.spec.type == "subscription"  # type: ignore[union-attr]
+            return 4 if subscription else order.get(key[0], 5)
+
+        groups = []
+        for key, obj in sorted(commit.puts.items(), key=rank):
+            raw, value = self.key(key), _stored_form(obj)
+            op = rpc.RequestOp(request_put=rpc.PutRequest(key=raw, value=value))
+            groups.append((key, [op], len(raw) + len(value) + _OP_OVERHEAD_BYTES))
+        return groups
 
     def _transactions(self, puts: list[tuple[bytes, bytes]]) -> list[list[tuple[bytes, bytes]]]:
         """`puts` cut into transactions of at most max_txn_ops operations (the guard's put is one

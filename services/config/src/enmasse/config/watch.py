@@ -4,6 +4,11 @@ In: a `WatchRequest` (kinds, space, resource_version). Out: `WatchEvent`s.
 
 - resource_version 0: ADDED for every matching object (with `revision` 0: a half-received list is
   no place to resume from), then SYNCED carrying the list's revision R, then every change after R.
+  The list is read from etcd a chunk at a time at revision R (`enmasse.config.listing.Snapshot`),
+  so it costs bounded memory at any size, and every ADDED carries a `continue_token`: a stream
+  cut in the list phase (config restarted) resumes with the last one and gets the objects after
+  it, at R, then SYNCED, then the changes: nothing missed, nothing repeated. A token whose R
+  was compacted meanwhile ends the stream with OUT_OF_RANGE ("... restart the list ...").
 - resource_version N > 0: every change with revision > N, in revision order.
 - N older than etcd's compaction point: the stream ends with OUT_OF_RANGE
   "resource_version N has been compacted; re-list".
@@ -40,6 +45,7 @@ from dataclasses import dataclass
 
 import grpc
 from enmasse.config.access import sees
+from enmasse.config.listing import WATCH_SCOPE, Continue, Snapshot
 from enmasse.config.store import Change, Compacted, Store, StoreUnavailable
 from enmasse.config.writes import PLAN_KINDS, Refused, public_form
 from enmasse.resources.kinds import KINDS, Key, key_of, resource_of
@@ -121,12 +127,25 @@ async def watch_events(
     if last < 0:
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "resource_version must not be negative")
     if last == 0:
-        objects, last = await store.objects(kind=None)
-        for obj in objects:
+        token = request.continue_token
+        resume = Continue.of(token, scope=WATCH_SCOPE) if token else None
+        snapshot = Snapshot(store, kind=None, scope=WATCH_SCOPE, resume=resume)
+        async for below, obj in snapshot.objects():
             if selected.matches(key_of(obj)):
                 shown = public_form(obj, secrets=selected.secrets)
-                yield Event(type=Event.ADDED, object=resource_of(shown), revision=0)
+                yield Event(
+                    type=Event.ADDED,
+                    object=resource_of(shown),
+                    revision=0,
+                    continue_token=snapshot.token(below),
+                )
+        last = snapshot.revision
         yield Event(type=Event.SYNCED, revision=last)
+    elif request.continue_token:
+        raise Refused(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "continue_token resumes a list phase: it goes with resource_version 0",
+        )
     down_since: float | None = None
     progressed = time.monotonic()
     backoff = 0.1

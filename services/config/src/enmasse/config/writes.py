@@ -16,7 +16,9 @@ expiry queues that the plans of its addresses name and it lacks (`with_space_que
 `DLQ` is stored with the space's `DLQ` queue, whatever wrote it (the API, `enmasse apply`, the
 GitOps sync). A plan write touches every space; an address write its own space (an address that
 gave up such a string leaves a gap to fill too). A queue the rules refuse (a quota) refuses the
-write that needed it, or, in an Apply, comes back REFUSED beside the rest.
+write that needed it, or, in an Apply, comes back REFUSED beside the rest. A space whose plan
+serves MQTT gets the gateway's store queues (`mqtt/retained`, `mqtt/wills`, `mqtt/sessions`;
+`enmasse.resources.mqtt_stores`) the same way, from its creation on.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from enmasse.resources.kinds import (
     object_of,
     resource_of,
 )
+from enmasse.resources.mqtt_stores import store_queue_plan, store_queues
 from enmasse.resources.status_batches import ENTRY_TRAILER
 from enmasse.resources.validation import (
     AddressIndex,
@@ -570,18 +573,22 @@ def _missing(space: str, *, commit: Commit, catalog: Catalog) -> list[tuple[Name
     index = catalog.address_index()
     written = {k[2]: o for k, o in commit.puts.items() if k[0] == "Address" and k[1] == space}
     deleted = {k[2] for k in commit.deletes if k[0] == "Address" and k[1] == space}
-    named = named_queues(_plans_used(space, index, written, deleted, catalog), plans)
-    if not named:
-        return []
-    queue_plan = queue_plan_for(space_plan, plans)
-    if queue_plan is None:
-        return []  # the rules refuse such a space plan; one stored before them creates none
+    stores = store_queues(space_plan)
+    store_plan = store_queue_plan(space_plan, plans) if stores else None
+    used = _plans_used(space, index, written, deleted, catalog)
+    if store_plan is not None:
+        used.add(store_plan)  # the store queues' own dead-letter queue comes with them
+    named = named_queues(used, plans)
+    queue_plan = queue_plan_for(space_plan, plans) if named else None
+    # A space plan without the queue plan the rules ask for (stored before them) creates none.
+    wanted = [(queue, queue_plan) for queue in named.values() if queue_plan is not None]
+    wanted += [(queue, store_plan) for queue in stores.values() if store_plan is not None]
     missing = []
-    for address, queue in named.items():
-        holders = index.holders(space, address) - deleted - set(written)
-        holders |= {name for name, obj in written.items() if obj.spec.address == address}
+    for queue, plan in wanted:
+        holders = index.holders(space, queue.address) - deleted - set(written)
+        holders |= {name for name, obj in written.items() if obj.spec.address == queue.address}
         if not holders:
-            missing.append((queue, queue_plan))
+            missing.append((queue, plan))
     return missing
 
 

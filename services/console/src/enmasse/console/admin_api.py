@@ -18,9 +18,11 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 from enmasse.common.credentials import bearer_metadata, verifying_credentials
+from enmasse.resources.paging import every_item_async
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2
 
 CALL_TIMEOUT = 10.0
@@ -86,10 +88,16 @@ class AdminApi:
         except grpc.aio.AioRpcError as error:
             raise _refusal(error) from None
 
+    async def _list(self, method: str, request: config_pb2.ListRequest, *, token: str) -> list[Any]:
+        """Every page of a List (`enmasse.resources.paging`)."""
+
+        async def page(request: config_pb2.ListRequest) -> Any:
+            return await self._call(method, request, token=token)
+
+        return await every_item_async(page, request)
+
     async def address_spaces(self, *, token: str) -> Sequence[resources_pb2.AddressSpace]:
-        reply = await self._call("ListAddressSpaces", config_pb2.ListRequest(), token=token)
-        assert isinstance(reply, config_pb2.AddressSpaceList)
-        return list(reply.items)
+        return await self._list("ListAddressSpaces", config_pb2.ListRequest(), token=token)
 
     async def address_space(self, space: str, *, token: str) -> resources_pb2.AddressSpace:
         reply = await self._call("GetAddressSpace", config_pb2.ObjectRef(name=space), token=token)
@@ -103,15 +111,10 @@ class AdminApi:
         return reply
 
     async def address_plans(self, *, token: str) -> Sequence[resources_pb2.AddressPlan]:
-        reply = await self._call("ListAddressPlans", config_pb2.ListRequest(), token=token)
-        assert isinstance(reply, config_pb2.AddressPlanList)
-        return list(reply.items)
+        return await self._list("ListAddressPlans", config_pb2.ListRequest(), token=token)
 
     async def addresses(self, space: str, *, token: str) -> Sequence[resources_pb2.Address]:
-        request = config_pb2.ListRequest(space=space)
-        reply = await self._call("ListAddresses", request, token=token)
-        assert isinstance(reply, config_pb2.AddressList)
-        return list(reply.items)
+        return await self._list("ListAddresses", config_pb2.ListRequest(space=space), token=token)
 
     async def address(self, space: str, name: str, *, token: str) -> resources_pb2.Address:
         ref = config_pb2.ObjectRef(space=space, name=name)
@@ -134,9 +137,7 @@ class AdminApi:
 
     async def users(self, space: str, *, token: str) -> Sequence[resources_pb2.MessagingUser]:
         request = config_pb2.ListRequest(space=space)
-        reply = await self._call("ListMessagingUsers", request, token=token)
-        assert isinstance(reply, config_pb2.MessagingUserList)
-        return list(reply.items)
+        return await self._list("ListMessagingUsers", request, token=token)
 
     async def user(self, space: str, name: str, *, token: str) -> resources_pb2.MessagingUser:
         ref = config_pb2.ObjectRef(space=space, name=name)
@@ -151,6 +152,14 @@ class AdminApi:
         reply = await self._call(method, user, token=token)
         assert isinstance(reply, resources_pb2.MessagingUser)
         return reply
+
+    async def may_write(self, space: str, *, token: str) -> None:
+        """Whether the token may write in the space (a write the console makes elsewhere, the
+        Close of a connection): the API's answer to an Apply of nothing there, a dry run, which
+        it authorizes (and audits) as any Apply in the space and which writes nothing. Returns
+        when it may; a viewer's token, or another space's, gets the API's `Refusal`."""
+        request = config_pb2.ApplyRequest(space=space, manager="console", dry_run=True)
+        await self._call("Apply", request, token=token)
 
     async def watch(
         self, *, kinds: Sequence[str], space: str, token: str

@@ -15,6 +15,16 @@ revoked or expired meanwhile) drops the cookie and goes back to the login page.
 Writes follow post/redirect/get: a form posts, the API writes (or refuses: the form comes back
 with the API's message beside the field it names, forms.py), and the browser is sent to the
 space's page, where the live stream shows the address go from Pending to Active.
+
+A space's connections page lists its routers' connections and links (connections.py); its Close
+(of a connection, or of one link) is the one write the console makes outside the API: the API
+must first show the space to the token and let it write there (`AdminApi.may_write`), then the
+router closes that client (amqp:connection:forced) or link (amqp:link:detach-forced), and the
+console audits it (audit.py).
+
+The trace views (/traces, and one address's /spaces/S/addresses/A/traces) read the analytics
+job's tables (traces.py) in a worker thread, keeping only the rows of the spaces the API has just
+listed for the token (or of the one space it has just shown it).
 """
 
 from __future__ import annotations
@@ -26,9 +36,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from enmasse.console import live
+from enmasse.console import audit, live, traces
 from enmasse.console.admin_api import AdminApi, Refusal
-from enmasse.console.data_plane import SAMPLE_SECONDS, DataPlane
+from enmasse.console.connections import close_description, token_fingerprint
+from enmasse.console.data_plane import SAMPLE_SECONDS, CloseRefused, DataPlane
 from enmasse.console.figures import Sample, figures
 from enmasse.console.forms import (
     ADDRESS_FIELDS,
@@ -56,6 +67,8 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 TOKEN_COOKIE = "enmasse_console_token"
+TRACES_RELOAD_SECONDS = 10
+"""The trace pages reload themselves (a meta refresh, no script): `--live` tables move that fast."""
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 
@@ -236,6 +249,135 @@ async def _event_stream(
                 await task
 
 
+# ---------------------------------------------------------------- traces
+
+
+async def traces_page(request: Request, api: AdminApi, token: str) -> Response:
+    """Every address with trace figures in the spaces the API lists for the token."""
+    spaces = space_views(await api.address_spaces(token=token))
+    names = [space.name for space in spaces]
+    listed = await asyncio.gather(*(api.addresses(name, token=token) for name in names))
+    tables = await asyncio.to_thread(traces.read, request.app.state.analytics, spaces=names)
+    resource_names = {
+        (name, address.spec.address): address.metadata.name
+        for name, addresses in zip(names, listed, strict=True)
+        for address in addresses
+    }
+    context = {
+        "freshness": tables.freshness,
+        "spaces": [(name, tables.of_space(name)) for name in names],
+        "resource_names": resource_names,
+        "reload_seconds": TRACES_RELOAD_SECONDS,
+    }
+    return templates.TemplateResponse(request, "traces.html", context)
+
+
+async def address_traces_page(request: Request, api: AdminApi, token: str) -> Response:
+    """One address's trace figures, once the API has shown the token that address."""
+    space, name = request.path_params["space"], request.path_params["name"]
+    address = await api.address(space, name, token=token)
+    tables = await asyncio.to_thread(traces.read, request.app.state.analytics, spaces=[space])
+    context = {
+        "space": space,
+        "name": name,
+        "address": address.spec.address,
+        "freshness": tables.freshness,
+        "traced": tables.addresses.get((space, address.spec.address)),
+        "reload_seconds": TRACES_RELOAD_SECONDS,
+    }
+    return templates.TemplateResponse(request, "address_traces.html", context)
+
+
+# ---------------------------------------------------------------- connections
+
+
+async def _connections_page(
+    request: Request,
+    *,
+    space: resources_pb2.AddressSpace,
+    error: str = "",
+    status_code: int = 200,
+) -> Response:
+    data_plane: DataPlane | None = request.app.state.data_plane
+    routers = await data_plane.connections(space) if data_plane is not None else None
+    context = {
+        "space": space.metadata.name,
+        "routers": routers,
+        "closed": request.query_params.get("closed", ""),
+        "error": error,
+    }
+    return templates.TemplateResponse(request, "connections.html", context, status_code=status_code)
+
+
+async def connections_page(request: Request, api: AdminApi, token: str) -> Response:
+    found = await api.address_space(request.path_params["space"], token=token)
+    return await _connections_page(request, space=found)
+
+
+Close = Callable[[DataPlane, resources_pb2.AddressSpace, str], Awaitable[None]]
+"""One close on the data plane: (data plane, the space, the description the client gets)."""
+
+
+async def _close(
+    request: Request, api: AdminApi, token: str, *, rpc: str, name: str, close: Close
+) -> Response:
+    """A Close (of a connection or a link): only in a space the API shows the token and lets it
+    write in; the router and connection must be that space's (data_plane.py); audited either
+    way once the API let it through (audit.py)."""
+    space = request.path_params["space"]
+    found = await api.address_space(space, token=token)
+    await api.may_write(space, token=token)
+    data_plane: DataPlane | None = request.app.state.data_plane
+    client = request.client
+    event = {
+        "who": f"token {token_fingerprint(token)}",
+        "rpc": rpc,
+        "space": space,
+        "name": name,
+        "peer": f"{client.host}:{client.port}" if client else "",
+    }
+    try:
+        if data_plane is None:
+            raise CloseRefused("this console does not see the routers")
+        await close(data_plane, found, close_description(space=space, token=token))
+    except CloseRefused as refused:
+        audit.record_close(**event, outcome=audit.REFUSED, reason=str(refused))
+        return await _connections_page(request, space=found, error=str(refused), status_code=404)
+    audit.record_close(**event, outcome=audit.OK)
+    return RedirectResponse(f"/spaces/{space}/connections?closed={name}", status_code=303)
+
+
+async def close_connection(request: Request, api: AdminApi, token: str) -> Response:
+    router, connection_id = request.path_params["router"], request.path_params["id"]
+
+    async def close(plane: DataPlane, space: resources_pb2.AddressSpace, reason: str) -> None:
+        await plane.close_connection(
+            space, router_id=router, connection_id=connection_id, reason=reason
+        )
+
+    name = f"{router}/{connection_id}"
+    return await _close(request, api, token, rpc="CloseConnection", name=name, close=close)
+
+
+async def close_link(request: Request, api: AdminApi, token: str) -> Response:
+    router, connection_id = request.path_params["router"], request.path_params["id"]
+    fields = _strings(await request.form())
+    link, role = fields.get("name", ""), fields.get("role", "")
+
+    async def close(plane: DataPlane, space: resources_pb2.AddressSpace, reason: str) -> None:
+        await plane.close_link(
+            space,
+            router_id=router,
+            connection_id=connection_id,
+            name=link,
+            role=role,
+            reason=reason,
+        )
+
+    name = f"{router}/{connection_id}/{role} {link}"
+    return await _close(request, api, token, rpc="CloseLink", name=name, close=close)
+
+
 # ---------------------------------------------------------------- addresses
 
 
@@ -366,15 +508,20 @@ def _strings(form: Mapping[str, Any]) -> dict[str, str]:
 
 
 def create_app(
-    *, open_api: Callable[[], AdminApi], data_plane: DataPlane | None = None
+    *,
+    open_api: Callable[[], AdminApi],
+    data_plane: DataPlane | None = None,
+    analytics: Path | None = None,
 ) -> Starlette:
     """The console; `open_api` is called once the server's event loop runs (grpc.aio channels
     belong to the loop that opened them) and its API closed at shutdown. Without `data_plane`
-    the pages show what the admin API has (phases, placements, dead letters), no traffic."""
+    the pages show what the admin API has (phases, placements, dead letters), no traffic;
+    `analytics` is the folder of the analytics job's tables the trace views read."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         app.state.data_plane = data_plane
+        app.state.analytics = analytics
         app.state.api = open_api()
         try:
             yield
@@ -388,7 +535,20 @@ def create_app(
         Route("/logout", logout, methods=["POST"]),
         Route("/", signed_in(spaces_page)),
         Route(space, signed_in(space_page)),
+        Route("/traces", signed_in(traces_page)),
+        Route(f"{space}/addresses/{{name}}/traces", signed_in(address_traces_page)),
         Route(f"{space}/events", signed_in(space_events)),
+        Route(f"{space}/connections", signed_in(connections_page), methods=["GET"]),
+        Route(
+            f"{space}/connections/{{router}}/{{id:int}}/close",
+            signed_in(close_connection),
+            methods=["POST"],
+        ),
+        Route(
+            f"{space}/connections/{{router}}/{{id:int}}/links/close",
+            signed_in(close_link),
+            methods=["POST"],
+        ),
         Route(f"{space}/addresses/new", signed_in(new_address_page), methods=["GET"]),
         Route(f"{space}/addresses/new", signed_in(save_address), methods=["POST"]),
         Route(f"{space}/addresses/{{name}}/edit", signed_in(edit_address_page), methods=["GET"]),

@@ -6,8 +6,10 @@ with --tls-dir (tls.crt and tls.key there, as every holder's directory has them)
 calls the config service at --config, verifying it against --ca-file (none: plaintext), with
 the token of whoever is logged in: it needs no credential of its own for that. With --var-dir it
 also shows live figures, asking the routers and brokers found there with the read-only
-certificate of --operator-tls-dir (data_plane.py). `enmasse up` starts it on loopback with both
-and writes nothing for it: the console writes <var>/run/console.url itself.
+certificate of --operator-tls-dir (data_plane.py). The trace views read the analytics job's
+tables from --analytics-dir (default: <var-dir>/analytics, where `enmasse-analytics` writes).
+`enmasse up` starts it on loopback with both and writes nothing for it: the console writes
+<var>/run/console.url itself.
 """
 
 from __future__ import annotations
@@ -64,6 +66,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="the read-only operator certificate to ask routers and brokers with",
     )
+    parser.add_argument(
+        "--analytics-dir",
+        type=Path,
+        default=None,
+        help="the analytics job's tables for the trace views (default: <var-dir>/analytics)",
+    )
     return parser.parse_args(argv)
 
 
@@ -94,9 +102,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.var_dir is not None:
         operator = TlsFiles(args.operator_tls_dir) if args.operator_tls_dir else None
         data_plane = DataPlane(directory=LocalDirectory(args.var_dir), tls=operator)
+    analytics = args.analytics_dir
+    if analytics is None and args.var_dir is not None:
+        analytics = args.var_dir / "analytics"
     app = create_app(
         open_api=lambda: AdminApi(open_channel(args.config, ca_file=args.ca_file)),
         data_plane=data_plane,
+        analytics=analytics,
     )
     server = uvicorn.Server(
         uvicorn.Config(

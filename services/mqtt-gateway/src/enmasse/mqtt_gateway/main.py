@@ -19,7 +19,7 @@ from enmasse.amqp.engine import Engine
 from enmasse.common.logging import configure_logging
 from enmasse.common.serving import until_terminated
 from enmasse.mqtt_gateway.gateway import Gateway
-from enmasse.mqtt_gateway.persistence import Sessions
+from enmasse.mqtt_gateway.persistence import NEVER, Sessions
 from enmasse.mqtt_gateway.retained import RetainedStore
 from enmasse.mqtt_gateway.session import RouterAddress
 from enmasse.mqtt_gateway.store import Store
@@ -50,6 +50,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="seconds; an MQTT 5 client asking for longer (or none) is told this in the CONNACK",
     )
     parser.add_argument("--ports-file", default=None, help="write {'mqtt': port} to this file")
+    parser.add_argument(
+        "--max-session-expiry",
+        type=int,
+        default=NEVER,
+        help="the longest, in seconds, a persistent session outlives its connection (an MQTT 3.1.1 "
+        "session and an MQTT 5 one asking for more get this; default: no limit), after which the "
+        "broker removes what the client left",
+    )
     parser.add_argument(
         "--sessions-address",
         default=os.environ.get("ENMASSE_MQTT_SESSIONS") or None,
@@ -108,7 +116,9 @@ async def serve(args: argparse.Namespace) -> None:
             max_packet_size=args.max_packet_size,
             max_keep_alive=args.max_keep_alive,
         ),
-        sessions=Sessions(store=store, address=args.sessions_address)
+        sessions=Sessions(
+            store=store, address=args.sessions_address, max_expiry=args.max_session_expiry
+        )
         if args.sessions_address
         else None,
     )

@@ -9,12 +9,16 @@ space's sessions queue through the gateway's own `Store` connection.
 Why so: the gateway keeps nothing a crash could lose, and a client may come back through any
 instance of it. So a persistent session's subscriptions are durable subscriptions on the
 brokers: the receiver is named `mqtt:<filter>` on the client's AMQP connection (container id
-`mqtt/<client id>`, the same from every gateway) with a durable source that never expires, which
-is how any AMQP client gets a durable topic subscription (no admin step: the routers name the
-broker link after container id and link name, so the broker resumes the same subscription
-whichever router and gateway the client comes through). What the topic publishes while the
-client is away waits in that subscription on the broker; a connection that ends (or a gateway
-that dies) only detaches the links, which keeps it.
+`mqtt/<client id>`, the same from every gateway) with a durable source that lives as long as
+the session may (its expiry interval, capped by `--max-session-expiry`, is the source's
+timeout: the broker ends a subscription whose client did not come back in time, so a client
+that never returns leaves nothing behind), which is how any AMQP client gets a durable topic
+subscription (no admin step: the routers name the broker link after container id and link
+name, so the broker resumes the same subscription whichever router and gateway the client comes
+through). What the topic publishes while the client is away waits in that subscription on the
+broker; a connection that ends (or a gateway that dies) only detaches the links, which keeps it.
+(An MQTT 5 DISCONNECT that lengthens the interval does not lengthen the broker's lease: the
+links were attached with the interval of the CONNECT.)
 
 The rest of the session, its filters with their QoS and its expiry, is a record: a durable
 message in the sessions queue (`--sessions-address`) with the client id and a revision as
@@ -112,9 +116,12 @@ def durable_name(topic_filter: str) -> str:
     return LINK_PREFIX + topic_filter
 
 
-def durable_source(address: str) -> Terminus:
-    """A durable source that never expires: the broker keeps the subscription while detached."""
-    return Terminus(address=address, durable=2, expiry_policy="never")
+def durable_source(address: str, *, expiry: int = NEVER) -> Terminus:
+    """A durable source: the broker keeps the subscription while detached, for ever (`NEVER`)
+    or `expiry` seconds after the client left (the source's timeout: the broker's lease on it),
+    so a client that never comes back leaves nothing behind on the broker."""
+    timeout = expiry if 0 < expiry < NEVER else 0
+    return Terminus(address=address, durable=2, expiry_policy="never", timeout=timeout)
 
 
 def encode_record(record: SessionRecord) -> bytes:
@@ -160,9 +167,12 @@ def next_revision(previous: int) -> int:
 class Sessions:
     """The session records of the space, in the queue `address`, through the gateway's `Store`."""
 
-    def __init__(self, *, store: Store, address: str) -> None:
+    def __init__(self, *, store: Store, address: str, max_expiry: int = NEVER) -> None:
         self.store = store
         self.address = address
+        # The longest a session outlives its connection (`--max-session-expiry`): a 3.1.1
+        # session otherwise never ends; MQTT 5 clients are told the granted interval.
+        self.max_expiry = max_expiry
 
     async def load(self, client_id: str) -> SessionRecord | None:
         deliveries = await self.store.read(
@@ -229,7 +239,7 @@ class Persistence:
         self.client_id = client_id
         self.asked = expiry
         # Without a sessions queue no session is kept: MQTT 5 clients are told (expiry 0).
-        self.expiry = expiry if sessions is not None else 0
+        self.expiry = min(expiry, sessions.max_expiry) if sessions is not None else 0
         self.durable = False  # this connection's subscriptions are durable ones
         self.revision = 0
 
@@ -241,7 +251,10 @@ class Persistence:
         """How a subscription's receiver attaches: named and durable in a persistent session."""
         if not self.durable:
             return {}
-        return {"name": durable_name(topic_filter), "source": durable_source(topic_filter)}
+        return {
+            "name": durable_name(topic_filter),
+            "source": durable_source(topic_filter, expiry=self.expiry),
+        }
 
     async def begin(self, *, clean_start: bool, uplink: Uplink) -> dict[str, int] | None:
         """At CONNECT: the subscriptions of the session resumed (None: no session present).

@@ -297,13 +297,16 @@ class Wills:
     async def run(self) -> None:
         """`recover` (again until the store answers), then follows the router's `$lwt`
         notices, attaching again after a loss; until cancelled."""
+        pause = WATCH_RETRY
         while True:
             try:
                 log.info("wills recovered", wills=await self.recover())
                 break
             except StoreUnavailable as error:
-                log.info("wills not recovered yet", why=str(error))
-            await asyncio.sleep(WATCH_RETRY)
+                # doubling: each attempt is a login (a SCRAM proof), not free for either side
+                log.info("wills not recovered yet", why=str(error), next_in=pause)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, WATCH_RETRY_MOST)
         pause = WATCH_RETRY
         while True:
             try:

@@ -36,7 +36,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import grpc
@@ -49,6 +49,7 @@ from enmasse.resources.discovery import Directory, client_endpoints
 from enmasse.resources.gitops_writeback import WorkloadRepository
 from enmasse.resources.informer import Informer
 from enmasse.resources.kinds import object_of
+from enmasse.resources.mqtt_stores import space_users
 from enmasse.resources.status_batches import (
     STATUS_BATCH_DEADLINE,
     OwnWrites,
@@ -57,6 +58,7 @@ from enmasse.resources.status_batches import (
     status_request,
     write_batch,
 )
+from enmasse.router_agent.elasticity import DOWN_AFTER, UP_AFTER, Elasticity, elastic, load_of
 from enmasse.router_agent.push import RouterSession
 from enmasse.router_agent.routing import (
     LoginPolicy,
@@ -67,14 +69,16 @@ from enmasse.router_agent.routing import (
     readiness,
     space_readiness,
     status_to_write,
+    trace_sampling_of,
 )
-from enmasse.router_agent.workloads import RouterWorkloads, router_count
+from enmasse.router_agent.workloads import RouterWorkloads, elastic_count, router_count
 from enmasse.v1 import config_pb2, config_pb2_grpc, resources_pb2, router_pb2
 
 log = structlog.get_logger(__name__)
 
 STATUS_DEADLINE = 10.0
 STATUS_WRITES_IN_FLIGHT = 32
+LOAD_EVERY = 5.0  # seconds between two load samples of a space its plan scales by load
 COUNTERS = (
     "deliveries_in",
     "deliveries_out",
@@ -101,14 +105,25 @@ class RouterAgent:
         workloads: RouterWorkloads | None = None,
         routers_per_space: int | None = None,
         writeback: WorkloadRepository | None = None,
+        mqtt_store: router_pb2.RouterUser | None = None,
+        scale_up_after: float = UP_AFTER,
+        scale_down_after: float = DOWN_AFTER,
+        load_every: float = LOAD_EVERY,
     ) -> None:
         self._config_target = config_target
+        self.mqtt_store = mqtt_store  # the MQTT gateway's store identity, for spaces serving MQTT
         self._token = token
         self._tls = tls  # this agent's certificate: to config and to every RouterAdmin
         self.directory = directory
         self.workloads = workloads
         self.routers_per_space = routers_per_space  # None: each space's plan says
         self.writeback = writeback
+        # Spaces whose plan scales routers by load: their counts, moved by load samples taken
+        # every `load_every` s (elasticity.py); the render follows them.
+        self.elastic: dict[str, Elasticity] = {}
+        self._scale_after = (scale_up_after, scale_down_after)
+        self.load_every = load_every
+        self._sampled: dict[str, float] = {}
         self.tick = tick
         self.probe_every = probe_every
         self.informer = Informer(
@@ -213,7 +228,11 @@ class RouterAgent:
             space.metadata.name: (space.spec.plan, self._plan(space.spec.plan)) for space in spaces
         }
         reasons = await asyncio.to_thread(
-            _render_workloads, workloads, plans, override=self.routers_per_space
+            _render_workloads,
+            workloads,
+            plans,
+            override=self.routers_per_space,
+            elastic={name: (e.routers, e.reason) for name, e in self.elastic.items()},
         )
         if self.writeback is not None:
             self.writeback.note(reasons)
@@ -249,10 +268,12 @@ class RouterAgent:
         )
         sessions = await self._sessions(name, routers)
         ahead = max((s.ahead for s in sessions.values()), default=0)
-        users = endpoint_users(
-            object_of(r) for r in self.informer.list("MessagingUser", space=name)
-        )
         plan = self.informer.get("AddressSpacePlan", space.spec.plan)  # its quotas: the limits
+        users = space_users(
+            endpoint_users(object_of(r) for r in self.informer.list("MessagingUser", space=name)),
+            space_plan=plan.address_space_plan if plan is not None else None,
+            identity=self.mqtt_store,
+        )
         routing.update(
             routes=routes,
             held_back=held_back,
@@ -261,8 +282,11 @@ class RouterAgent:
             users=users,
             quotas=plan.address_space_plan.spec.quotas if plan is not None else None,
             logins=LoginPolicy.of(plan.address_space_plan if plan is not None else None),
+            trace_sampling=trace_sampling_of(plan.address_space_plan if plan is not None else None),
         )
         await self._converge(routing, sessions, probe=probe)
+        if plan is not None:
+            await self._sample_load(name, sessions, plan.address_space_plan.spec.quotas)
         applied = {router_id: s.applied for router_id, s in sessions.items()}
         unreachable = {router_id for router_id, s in sessions.items() if not s.reachable}
         phases = readiness(
@@ -345,6 +369,30 @@ class RouterAgent:
         for session in self.sessions.pop(space, {}).values():
             await session.close()
         self.spaces.pop(space, None)
+        self.elastic.pop(space, None)
+
+    async def _sample_load(
+        self, space: str, sessions: dict[str, RouterSession], quotas: resources_pb2.Quotas
+    ) -> None:
+        """Every `load_every` s, a space whose plan scales by load has its routers' connection
+        lists read; a changed router count wakes the next pass, which renders it."""
+        if not elastic(quotas) or self.routers_per_space is not None:
+            self.elastic.pop(space, None)
+            return
+        now = time.monotonic()
+        if now - self._sampled.get(space, 0.0) < self.load_every:
+            return
+        self._sampled[space] = now
+        answers = await asyncio.gather(*(s.connections() for s in sessions.values()))
+        if any(answer is None for answer in answers):
+            return  # a router that does not answer: its load is unknown, decide nothing
+        up, down = self._scale_after
+        counted = self.elastic.setdefault(
+            space, Elasticity(routers=len(sessions), up_after=up, down_after=down)
+        )
+        if counted.observe(load_of([a for a in answers if a], at=now), quotas=quotas):
+            log.info("routers scaled", space=space, routers=counted.routers, why=counted.reason)
+            self.wake()
 
     # ------------------------------------------------------------ status
 
@@ -480,15 +528,20 @@ def _render_workloads(
     plans: dict[str, tuple[str, resources_pb2.AddressSpacePlan | None]],
     *,
     override: int | None,
+    elastic: Mapping[str, tuple[int, str]],
 ) -> list[str]:
     """Every standard space (name -> its plan's name and the plan) has its routers rendered; a
-    deleted one has them no more. Returns why, for each space whose files changed."""
+    deleted one has them no more; a space scaled by its load (`elastic`: its count and why) has
+    as many as that says. Returns why, for each space whose files changed."""
     reasons = []
     for space, (plan_name, plan) in sorted(plans.items()):
         rendered = len(workloads.read_space(space)) if plan is None else 0
         count = router_count(
             space=space, plan_name=plan_name, plan=plan, override=override, rendered=rendered
         )
+        if space in elastic and plan is not None and override is None:
+            routers, why = elastic[space]
+            count = elastic_count(space=space, plan_name=plan_name, routers=routers, why=why)
         if written := workloads.ensure_space(space, routers=count.routers):
             log.info("router workloads rendered", space=space, routers=written, why=count.why)
             reasons.append(count.why)

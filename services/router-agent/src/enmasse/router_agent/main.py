@@ -7,7 +7,9 @@ when given: as many per space as its plan says, or --routers-per-space) and serv
 (with health and reflection). With --gitops-repo (or $ENMASSE_GITOPS_REPO) the output directory
 is a git working copy of that remote, and every render that changed files is committed and
 pushed with the reason (`enmasse.resources.gitops_writeback`, as the storage-controller does),
-credentials from --git-credentials when its files are there. The bound port goes to the log,
+credentials from --git-credentials when its files are there. With --mqtt-store-password-file the
+routers of each space whose plan serves MQTT get the gateway's store identity
+(`enmasse.resources.mqtt_stores`). The bound port goes to the log,
 to stdout as `listening on <host>:<port>` and, with --port-file, into that file.
 """
 
@@ -28,10 +30,12 @@ from enmasse.common.serving import start_server, until_terminated, write_port_fi
 from enmasse.common.tracing import configure_service_tracing
 from enmasse.resources.discovery import LocalDirectory, follow_ports_files
 from enmasse.resources.gitops_writeback import Credentials, WorkloadRepository
+from enmasse.resources.mqtt_stores import store_identity
 from enmasse.router_agent.agent import RouterAgent
+from enmasse.router_agent.elasticity import DOWN_AFTER, UP_AFTER
 from enmasse.router_agent.servicer import SERVICE_NAME, RouterAgentServicer
 from enmasse.router_agent.workloads import RouterWorkloads
-from enmasse.v1 import router_agent_pb2_grpc
+from enmasse.v1 import router_agent_pb2_grpc, router_pb2
 
 log = structlog.get_logger("enmasse.router_agent")
 
@@ -90,6 +94,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=Path("/etc/enmasse/gitops"),
         help="directory with username and password files (used when both are there)",
     )
+    parser.add_argument(
+        "--mqtt-store-password-file",
+        default=os.environ.get("ENMASSE_MQTT_STORE_PASSWORD_FILE") or None,
+        help="the password of the MQTT gateway's store identity (the routers of each space whose "
+        "plan serves MQTT let it use the store queues; none: no store identity)",
+    )
+    parser.add_argument(
+        "--scale-up-after",
+        type=float,
+        default=UP_AFTER,
+        help="seconds a space's load must need more routers before one more starts (plans with "
+        "connectionsPerRouter or deliveriesPerRouter; elasticity.py)",
+    )
+    parser.add_argument(
+        "--scale-down-after",
+        type=float,
+        default=DOWN_AFTER,
+        help="seconds a space's load must fit on one router fewer before one stops",
+    )
     add_tls_dir_argument(parser)
     args = parser.parse_args(argv)
     if args.gitops_repo and not args.gitops_dir:
@@ -116,6 +139,9 @@ async def serve(args: argparse.Namespace) -> None:
         workloads=RouterWorkloads(Path(args.gitops_dir)) if args.gitops_dir else None,
         routers_per_space=args.routers_per_space,
         writeback=await _prepared_writeback(args),
+        mqtt_store=_mqtt_store(args.mqtt_store_password_file),
+        scale_up_after=args.scale_up_after,
+        scale_down_after=args.scale_down_after,
     )
     host, _, port = args.listen.rpartition(":")
     running = await start_server(
@@ -155,6 +181,16 @@ async def serve(args: argparse.Namespace) -> None:
     await agent.stop()
     if writing is not None:
         writing.cancel()
+
+
+def _mqtt_store(path: str | None) -> router_pb2.RouterUser | None:
+    """The store identity from its password file, hashed once (its salts stay for the run)."""
+    if not path:
+        return None
+    password = Path(path).read_text().strip()
+    if not password:
+        raise SystemExit(f"--mqtt-store-password-file {path} is empty")
+    return store_identity(password)
 
 
 async def _prepared_writeback(args: argparse.Namespace) -> WorkloadRepository | None:

@@ -192,6 +192,16 @@ class RouterSession:
         self._confirmed(stats.generation)
         return int(stats.generation)
 
+    async def connections(self) -> router_pb2.ConnectionList | None:
+        """The router's connections now (elasticity's load samples); None without an answer."""
+        try:
+            answer: router_pb2.ConnectionList = await self._stub.ListConnections(
+                router_pb2.ListConnectionsRequest(), timeout=PUSH_DEADLINE
+            )
+        except grpc.aio.AioRpcError:
+            return None
+        return answer
+
     async def stats(self, address: str) -> router_pb2.RouterStats | None:
         try:
             answer: router_pb2.RouterStats = await self._stub.GetStats(

@@ -190,6 +190,7 @@ def config_for(
     users: Sequence[router_pb2.RouterUser] = (),
     limits: router_pb2.RouterLimits | None = None,
     logins: LoginPolicy | None = None,
+    trace_sampling: float | None = None,
 ) -> router_pb2.RouterConfig:
     logins = logins or LoginPolicy()
     return router_pb2.RouterConfig(
@@ -201,7 +202,16 @@ def config_for(
         limits=limits,
         allow_anonymous=logins.allow_anonymous,
         allow_plain_without_tls=logins.allow_plain_without_tls,
+        trace_sampling=trace_sampling,  # None: left unset, the routers' default
     )
+
+
+def trace_sampling_of(plan: resources_pb2.AddressSpacePlan | None) -> float | None:
+    """The share of untraced messages whose trace the space's routers start, as its plan says
+    (validated with the plan); None when it says nothing (the routers' default)."""
+    if plan is None or not plan.spec.HasField("trace_sampling"):
+        return None
+    return plan.spec.trace_sampling
 
 
 @dataclass(frozen=True)
@@ -350,6 +360,7 @@ class SpaceRouting:
     users: tuple[router_pb2.RouterUser, ...] = ()
     quotas: resources_pb2.Quotas = field(default_factory=resources_pb2.Quotas)
     logins: LoginPolicy = LoginPolicy()
+    trace_sampling: float | None = None
 
     def update(
         self,
@@ -362,6 +373,7 @@ class SpaceRouting:
         users: Sequence[router_pb2.RouterUser] = (),
         quotas: resources_pb2.Quotas | None = None,
         logins: LoginPolicy | None = None,
+        trace_sampling: float | None = None,
     ) -> bool:
         """True when the generation moved (every router must get the new configuration)."""
         self.held_back = dict(held_back)
@@ -389,6 +401,8 @@ class SpaceRouting:
         logins = logins or LoginPolicy()
         limits_changed = limits_changed or logins != self.logins  # the plan changed either way
         self.logins = logins
+        limits_changed = limits_changed or trace_sampling != self.trace_sampling
+        self.trace_sampling = trace_sampling
         # A router running a generation above ours (pushed by an earlier agent) forces a bump.
         moved = changed or removed or peers_changed or users_changed or limits_changed
         if not (moved or floor > self.generation or not self.generation):
@@ -411,6 +425,7 @@ class SpaceRouting:
             users=self.users,
             limits=router_limits(self.quotas, routers=len(self.routers)),
             logins=self.logins,
+            trace_sampling=self.trace_sampling,
         )
 
 

@@ -110,6 +110,11 @@ def router_count(
     return _count(space, plan_routers(plan.spec.quotas), f"plan {plan_name}: {minimum}")
 
 
+def elastic_count(*, space: str, plan_name: str, routers: int, why: str) -> RouterCount:
+    """A count the space's load chose (`elasticity.Elasticity`), between its plan's bounds."""
+    return _count(space, routers, f"plan {plan_name}, by load: {why or 'as running'}")
+
+
 def _count(space: str, routers: int, source: str) -> RouterCount:
     noun = "router" if routers == 1 else "routers"
     return RouterCount(routers, f"space {space}: {routers} {noun} ({source})")

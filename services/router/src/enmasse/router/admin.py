@@ -1,4 +1,4 @@
-"""RouterAdmin over gRPC: configuration pushes, stats, listings, closing a connection.
+"""RouterAdmin over gRPC: configuration pushes, stats, listings, closing a connection or a link.
 
 Two parts. `AdminView` is the router as RouterAdmin sees it: protobuf in and out, over the
 forwarding core's own state (a pushed `router_pb2.RouterConfig` becomes a `RouterConfig` value the
@@ -13,7 +13,7 @@ writes (a new configuration, a close) happen between two engine events, never in
 
 Errors map to gRPC status codes with the router's own text: a configuration that does not hold
 together is INVALID_ARGUMENT (nothing changes, the running generation stays), an older generation is
-FAILED_PRECONDITION, closing an unknown connection is NOT_FOUND.
+FAILED_PRECONDITION, closing an unknown connection (or link) is NOT_FOUND.
 """
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ READS = tuple(
     for method in ("GetConfig", "GetStats", "ListConnections", "ListLinks")
 )
 """The calls that change nothing: the operator's certificate may make these (`enmasse status`)."""
+OPERATOR_CALLS = (*READS, f"/{SERVICE_NAME}/CloseConnection", f"/{SERVICE_NAME}/CloseLink")
+"""What the operator's certificate may call: the reads, and closing a client's connection or link
+(the console's Close, made for a user the admin API let write in the space); never a new
+configuration."""
 
 
 class AdminView:
@@ -118,6 +122,7 @@ class AdminView:
                 links=len(record.connection.links),
                 deliveries_in=record.deliveries_in,
                 deliveries_out=record.deliveries_out,
+                opened_at_ms=int(record.opened_at * 1000),
             )
             for record in self._router.connections.values()
         ]
@@ -144,6 +149,14 @@ class AdminView:
 
     def close_connection(self, *, connection_id: int, reason: str) -> bool:
         return self._router.close_connection(connection_id=connection_id, reason=reason)
+
+    def close_link(self, request: router_pb2.CloseLinkRequest) -> bool:
+        return self._router.close_link(
+            connection_id=request.connection_id,
+            name=request.name,
+            sender=request.role == "sender",
+            reason=request.reason or "closed by administrator",
+        )
 
 
 class RouterAdminServicer(router_pb2_grpc.RouterAdminServicer):
@@ -197,3 +210,15 @@ class RouterAdminServicer(router_pb2_grpc.RouterAdminServicer):
         if not closed:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no connection {request.id}")
         return router_pb2.CloseConnectionResponse()
+
+    async def CloseLink(
+        self, request: router_pb2.CloseLinkRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.CloseLinkResponse:
+        closed = await self._engine.call(lambda: self._view.close_link(request))
+        if not closed:
+            what = f"{request.role or 'link'} '{request.name}'"
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"no {what} on client connection {request.connection_id}",
+            )
+        return router_pb2.CloseLinkResponse()

@@ -25,6 +25,7 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from enmasse.common import tracing
 from enmasse.common.passwords import ScramKeys
 from enmasse.resources import contracts
 from enmasse.resources.authorization import Rule
@@ -112,6 +113,8 @@ class RouterConfig:
     # How clients may log in under `--client-auth required` (the space plan's say).
     allow_anonymous: bool = False
     allow_plain_without_tls: bool = False
+    # The share of untraced messages whose trace this router starts (0: none; `hops.py`).
+    trace_sampling: float = tracing.ROUTER_SAMPLING_DEFAULT
 
     def route(self, address: str) -> AddressRoute | None:
         return self.addresses.get(address)
@@ -149,6 +152,7 @@ def config_from_proto(message: router_pb2.RouterConfig, *, router_id: str) -> Ro
                 )
     peers = _peers_from_proto(message.peers, router_id=router_id)
     limits = _limits_from_proto(message.limits)
+    sampling = _sampling_from_proto(message)
     try:
         clients = client_users_from_proto(message.users)
     except UserError as error:
@@ -164,7 +168,17 @@ def config_from_proto(message: router_pb2.RouterConfig, *, router_id: str) -> Ro
         scram=clients.scram,
         allow_anonymous=message.allow_anonymous,
         allow_plain_without_tls=message.allow_plain_without_tls,
+        trace_sampling=sampling,
     )
+
+
+def _sampling_from_proto(message: router_pb2.RouterConfig) -> float:
+    if not message.HasField("trace_sampling"):
+        return tracing.ROUTER_SAMPLING_DEFAULT
+    problem = tracing.router_sampling_problem(message.trace_sampling)
+    if problem:
+        raise ConfigError(f"trace sampling {problem}")
+    return message.trace_sampling
 
 
 def config_to_proto(config: RouterConfig) -> router_pb2.RouterConfig:
@@ -219,6 +233,7 @@ def config_to_proto(config: RouterConfig) -> router_pb2.RouterConfig:
         ],
         allow_anonymous=config.allow_anonymous,
         allow_plain_without_tls=config.allow_plain_without_tls,
+        trace_sampling=config.trace_sampling,
     )
 
 

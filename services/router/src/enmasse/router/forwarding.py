@@ -34,9 +34,11 @@ Producers get credit only while the address has somewhere to go (a reachable con
 an attached Active broker for waypoints); deliveries that find every target without credit wait in
 the address's pending queue, bounded by the credit the producers were given.
 
-A transaction coordinator attach is refused with amqp:not-implemented (`TRANSACTIONS_REFUSED`):
-transactions are a brokered space's broker's, and a coordinator has no address, so it would
-otherwise pass for an anonymous producer whose Declare is never answered.
+A transaction coordinator attach (`$coordinator`: it has no address) goes to
+`transactions.RoutedTransactions`: routed, like a link route, to the broker that holds all the
+space's queues and topics (or refused with amqp:not-implemented when there is no such one
+broker); a connection that attached one has its transactional transfers and dispositions carried
+to that broker and its other traffic forwarded here as before.
 
 A receiver that asks for an address pattern (`patterns.PatternLinks`) is told which addresses
 of the space match it, at attach and at each configuration; it carries no message, and the
@@ -82,7 +84,7 @@ from enmasse.resources.permissions import Permissions, browses, logged_in_as
 from enmasse.router.addressing import DYNAMIC, Resolution, UnknownAddress, resolve
 from enmasse.router.config import Distribution, RouterConfig
 from enmasse.router.fanout import CopyQueue
-from enmasse.router.hops import traced_hop
+from enmasse.router.hops import ANNOTATION_ROOM, delivered, sampling_ticks, traced_hop
 from enmasse.router.inter_router import MeshLinks
 from enmasse.router.mesh import LinkStateDatabase
 from enmasse.router.patterns import PatternLinks
@@ -111,6 +113,7 @@ from enmasse.router.points import (
     ConnectionRole,
     LinkState,
 )
+from enmasse.router.transactions import ClientCoordinator, RoutedTransactions
 from enmasse.router.waypoints import BrokerLinks, BrokerSession
 from enmasse.router.windows import refill
 
@@ -118,10 +121,6 @@ log = structlog.get_logger("enmasse.router")
 
 UNAUTHORIZED = "amqp:unauthorized-access"
 LIMIT_EXCEEDED = "amqp:resource-limit-exceeded"
-TRANSACTIONS_REFUSED = (
-    "transactions are not served through a standard space's routers: a transaction coordinator "
-    "($coordinator) is served by a brokered space's broker"
-)
 # What a `copy` consumer browses (the broker hands it copies and keeps the messages).
 BROWSABLE = frozenset({Distribution.QUEUE.value, Distribution.SUBSCRIPTION.value})
 # An anonymous sender's decisions per `to` are kept up to this many; then they start afresh
@@ -159,12 +158,15 @@ class Router:
         self.connections: dict[int, ConnectionRecord] = {}
         self._connection_ids = itertools.count(1)
         self._max_message_size = 0
+        # The space's trace sampling as the hot path asks it: one next() per untraced message.
+        self._start_trace = sampling_ticks(self.config.trace_sampling)
         self.log = log.bind(router=router_id)
         # The factory only keeps the router: handlers are made per connection, once it is whole.
         self.handlers = handlers(self)
         self.mesh_links = MeshLinks(self, handler_for_peer=self.handlers.peer)
         self.broker_links = BrokerLinks(self, handler_for_broker=self.handlers.broker)
         self.patterns = PatternLinks()
+        self.transactions = RoutedTransactions(self)
 
     # ------------------------------------------------------------------ configuration
 
@@ -173,6 +175,8 @@ class Router:
         checks both before, so nothing here is half-applied)."""
         previous, self.config = self.config, config
         self._max_message_size = config.limits.max_message_size
+        if config.trace_sampling != previous.trace_sampling:
+            self._start_trace = sampling_ticks(config.trace_sampling)
         self.log.info("config applied", generation=config.generation, space=config.space)
         self._retire_addresses(previous)
         self._apply_rules(previous)
@@ -347,7 +351,7 @@ class Router:
         if link.target.coordinator:
             # Without this, a coordinator (no address) would pass for an anonymous producer and
             # its Declare go unanswered; a transaction lives on one broker, not on the mesh.
-            link.refuse(Condition("amqp:not-implemented", TRANSACTIONS_REFUSED))
+            self.transactions.attach(link)
             return
         permissions: Permissions = link.connection.context.permissions
         if link.address is None:
@@ -434,6 +438,8 @@ class Router:
     def client_detach(self, link: Link, *, closed: bool) -> None:
         state = link.context
         if not isinstance(state, LinkState):
+            if type(state) is ClientCoordinator:
+                self.transactions.detach(link)
             return
         if state.role is PATTERN:
             self.patterns.detach(link)
@@ -572,7 +578,12 @@ class Router:
         if MARK in payload and not flagged_unsampled(payload):
             self._traced_message(link, state, delivery)
         elif role is PRODUCER:
-            self._from_producer(link, state, delivery)
+            # The space's sampling: one next() per untraced message (and a message that carries
+            # an unsampled context keeps its producer's decision).
+            if next(self._start_trace) and MARK not in payload and self._room_to_trace(payload):
+                self._traced_message(link, state, delivery, start_trace=True)
+            else:
+                self._from_producer(link, state, delivery)
         elif role is BROKER_IN:
             self.broker_links.from_broker(state, delivery)
         elif role is TRANSIT_IN:
@@ -584,8 +595,15 @@ class Router:
         elif role is REVOKED:
             _refuse_revoked(delivery)
 
-    def _traced_message(self, link: Link, state: LinkState, delivery: Delivery) -> None:
-        """A message that may be sampled: forwarded as usual, recorded as this router's hop."""
+    def _room_to_trace(self, payload: bytes) -> bool:
+        limit = self._max_message_size
+        return not limit or len(payload) + ANNOTATION_ROOM <= limit
+
+    def _traced_message(
+        self, link: Link, state: LinkState, delivery: Delivery, *, start_trace: bool = False
+    ) -> None:
+        """A message that may be sampled (or whose trace this router starts): forwarded as
+        usual, recorded as this router's hop (`hops.py`)."""
         role = state.role
         point = state.point
         if role is REVOKED:
@@ -603,7 +621,8 @@ class Router:
             self.mesh_links.from_control(link, state, delivery)
             return
         traced_hop(
-            delivery.payload,
+            delivery,
+            start_trace=start_trace,
             waypoint=role is PRODUCER and point is not None and point.waypoint,
             address=point.address if point is not None else _safe_to(delivery),
             address_type=point.kind if point is not None else None,
@@ -815,6 +834,8 @@ class Router:
             else:
                 point.counters.count_outcome(_OUTCOME_NAMES.get(outcome, "released"))
         if carried is not None:
+            if carried.trace is not None and state.role is CONSUMER:
+                delivered(carried.trace, outcome)  # a sampled message reached its consumer
             if outcome is OUTCOME_ACCEPTED:
                 carried.settle(outcome)
             elif outcome is OUTCOME_NONE:
@@ -984,6 +1005,18 @@ class Router:
             return False
         record.connection.close(Condition("amqp:connection:forced", reason))
         return True
+
+    def close_link(self, *, connection_id: int, name: str, sender: bool, reason: str) -> bool:
+        """Closes one link of a client's connection with amqp:link:detach-forced, taken out of
+        its address point at once (as a revoked one); False when there is no such link."""
+        record = self.connections.get(connection_id)
+        if record is None or record.role is not ConnectionRole.NORMAL:
+            return False
+        for link in record.connection.links:
+            if link.name == name and link.is_sender == sender:
+                self._revoke(link, Condition("amqp:link:detach-forced", reason))
+                return True
+        return False
 
 
 def _refuse_revoked(delivery: Delivery) -> None:

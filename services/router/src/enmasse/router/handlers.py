@@ -24,11 +24,14 @@ from enmasse.amqp.engine import (
     Condition,
     Connection,
     ConnectionHandler,
+    Delivery,
     Link,
+    Outcome,
 )
 from enmasse.router.forwarding import Router
 from enmasse.router.lost_connections import LostConnections
 from enmasse.router.points import ConnectionRole
+from enmasse.router.transactions import Barrier
 from enmasse.router.waypoints import BrokerSession
 
 
@@ -67,6 +70,12 @@ class ClientHandler(_Deliveries):
 
     def on_link_detach(self, link: Link, *, closed: bool, error: Condition | None) -> None:
         self.router.client_detach(link, closed=closed)
+
+    def on_transactional_outcome(
+        self, link: Link, delivery: Delivery, *, txn_id: bytes | None, outcome: Outcome
+    ) -> None:
+        """A consumer settled a delivery under a transaction (`transactions.py`)."""
+        self.router.transactions.disposition(link, delivery, txn_id=txn_id, outcome=outcome)
 
 
 class MeshHandler(_Deliveries):
@@ -117,6 +126,9 @@ class BrokerHandler(_Deliveries):
         self.router.broker_links.feed_drained(link)
 
     def on_link_detach(self, link: Link, *, closed: bool, error: Condition | None) -> None:
+        if type(link.context) is Barrier:  # a transaction's barrier (`transactions.py`)
+            self.router.transactions.barrier_answered(link)
+            return
         self.router.broker_links.link_detached(link, error=error)
 
 

@@ -15,7 +15,8 @@ pre-settled on one of the listeners in turn (proton holds it until the listener 
 with none attached, up to `BACKLOG` notices wait here for the first. So a notice is at most
 once: lost with a router that dies before a will service took it (the will stays stored).
 Only a connection with full access (anonymous, or a user whose rules allow receiving from
-everything) may listen, since the notices name other clients.
+everything) or the MQTT gateway's store identity (`contracts.MQTT_STORE_USER`) may listen, since
+the notices name other clients.
 """
 
 from __future__ import annotations
@@ -25,7 +26,13 @@ from collections import deque
 from enmasse.amqp import codec
 from enmasse.amqp.engine import Condition, Connection, Link
 from enmasse.resources.authorization import RECV, allows_everything
-from enmasse.resources.contracts import LOST_CLEAN, LOST_CONNECTIONS, LOST_CONTAINER, WILL_ADDRESS
+from enmasse.resources.contracts import (
+    LOST_CLEAN,
+    LOST_CONNECTIONS,
+    LOST_CONTAINER,
+    MQTT_STORE_USER,
+    WILL_ADDRESS,
+)
 from enmasse.resources.permissions import Permissions
 from enmasse.router.points import ConnectionRecord
 
@@ -95,4 +102,10 @@ class LostConnections:
 
 
 def _full_access(permissions: Permissions) -> bool:
-    return permissions.user is None or allows_everything(permissions.rules, RECV)
+    # The MQTT gateway's store identity is a listener by name: its rules allow its store
+    # queues alone, and a MessagingUser cannot take its username (`mqtt_stores`).
+    return (
+        permissions.user is None
+        or permissions.user == MQTT_STORE_USER
+        or allows_everything(permissions.rules, RECV)
+    )

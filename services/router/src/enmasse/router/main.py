@@ -61,7 +61,7 @@ from enmasse.common.metrics import METRICS_PORT, serve_metrics
 from enmasse.common.serving import start_server
 from enmasse.common.tracing import configure_service_tracing
 from enmasse.router.access import MeshSecret, MeshSecretError, world_readable
-from enmasse.router.admin import READS, SERVICE_NAME, AdminView, RouterAdminServicer
+from enmasse.router.admin import OPERATOR_CALLS, SERVICE_NAME, AdminView, RouterAdminServicer
 from enmasse.router.departure import Departure
 from enmasse.router.forwarding import Router
 from enmasse.router.handlers import RouterHandlers
@@ -93,7 +93,8 @@ def _serve_admin(
             port=port,
             tls=tls,
             caller_roles=(CONTROL_PLANE,),  # the router-agent; routers and clients never
-            method_roles=dict.fromkeys(READS, (CONTROL_PLANE, OPERATOR)),  # `enmasse status`
+            # `enmasse status` reads; the console closes a client's connection (never configures)
+            method_roles=dict.fromkeys(OPERATOR_CALLS, (CONTROL_PLANE, OPERATOR)),
         )
         bound.append(running.port)
         ready.set()
@@ -200,7 +201,8 @@ def _warn_of_weak_mesh(*, internal_tls: Tls | None, secret_file: Path | None) ->
     type=click.Path(file_okay=False),
     envvar=TLS_DIR_ENV,
     help="This router's certificate (tls.crt, tls.key, ca.crt): mutual TLS on RouterAdmin "
-    "(control-plane callers; an operator certificate reads only), the inter-router mesh and the "
+    "(control-plane callers; an operator certificate reads and closes connections), the "
+    "inter-router mesh and the "
     "links to brokers; none: plain.",
 )
 def main(

@@ -15,6 +15,7 @@ side (`waypoints`) read and change it; nothing here does I/O.
 from __future__ import annotations
 
 import enum
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -141,6 +142,7 @@ class ConnectionRecord:
     deliveries_in: int = 0
     deliveries_out: int = 0
     permissions: Permissions = UNRESTRICTED  # client connections: what its user may do
+    opened_at: float = field(default_factory=time.time)  # wall clock: shown as "open since"
 
 
 def mesh_target(address: str) -> tuple[str, str]:

@@ -21,7 +21,10 @@ Transactions (AMQP 1.0 §4.5) are the handler's: a transfer's state is read only
 (`Delivery.remote_state`), a received delivery can be settled with a state proton has no name
 for (`settle_with_state`: Declared, TransactionalState), and a sent one settled from our side
 (`settle_sent`: a transaction committed its outcome); a peer's transactional disposition comes
-to `on_transactional_outcome`, settled or not.
+to `on_transactional_outcome`, settled or not. The other way round (a router relaying a client's
+coordinator to a broker): a sent transfer can carry a state (`give_state`: TransactionalState),
+a sender link can target a Coordinator (`Terminus.coordinator`), and the fields of a Declared
+answer stay on the sent delivery (`state_fields`).
 
 Lifetimes: `on_connection_close` is called exactly once per connection, whoever closed it and
 however (clean close, peer's error, socket lost, garbage, idle timeout). `on_link_detach` is called
@@ -188,6 +191,12 @@ class Delivery:
     error: Condition | None = None
     delivery_failed = False
     undeliverable_here = False
+    # A sent delivery settled with a state the engine has no outcome for (a coordinator's
+    # Declared): that state's fields, e.g. [txn-id]; its outcome reads NONE.
+    state_fields: Any = None
+    # A received delivery the router traces (sampled): its hop's trace, read back when the
+    # consumer's outcome comes (`enmasse.router.hops`); None for every other delivery.
+    trace: Any = None
     _header: codec.Header | None = None
     _properties: codec.Properties | None = None
 
@@ -303,6 +312,18 @@ class Delivery:
         write_data(lib.pn_disposition_data(local), fields)
         _settle(ptr, state)
         link._dirty.add(link.connection)
+
+    def give_state(self, state: int, fields: list[Any]) -> None:
+        """Gives a delivery WE just sent a state its transfer carries (a transactional send:
+        TRANSACTIONAL_STATE [txn-id], AMQP 1.0 §4.4.1), as Proton's `Transaction.send` does;
+        call it in the same turn as the send, before the transfer leaves."""
+        ptr = self._ptr
+        if self.settled or ptr is None or self.link._ptr is None:
+            return
+        dptr = ffi.cast("pn_delivery_t *", ptr)
+        write_data(lib.pn_disposition_data(lib.pn_delivery_local(dptr)), fields)
+        lib.pn_delivery_update(dptr, state)
+        self.link._dirty.add(self.link.connection)
 
     def settle_sent(self, outcome: Outcome) -> None:
         """Settles a delivery WE sent, from our side, with `outcome` (a transaction that

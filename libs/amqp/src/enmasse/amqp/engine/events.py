@@ -53,6 +53,7 @@ from enmasse.amqp.engine.endpoints import (
 from enmasse.amqp.engine.loop import READS_PER_WAKEUP, Loop
 from enmasse.amqp.engine.security import Guard
 from enmasse.amqp.wire import (
+    DECLARED,
     OUTCOME_ACCEPTED,
     OUTCOMES,
     TRANSACTIONAL_STATE,
@@ -334,6 +335,9 @@ class Engine(Loop[Connection, Listener]):
                 else:
                     delivery.delivery_failed = bool(lib.pn_disposition_is_failed(remote))
                     delivery.undeliverable_here = bool(lib.pn_disposition_is_undeliverable(remote))
+            elif state == DECLARED:  # a coordinator's answer (a router relays it): keep its id
+                remote = lib.pn_delivery_remote(ffi.cast("pn_delivery_t *", dptr))
+                delivery.state_fields = read_data(lib.pn_disposition_data(remote))
         link = delivery.link
         del self._sent[dptr]
         del link._unsettled[dptr]

@@ -59,6 +59,7 @@
     const row = document.createElement("tr");
     row.dataset.name = address.name;
     row.dataset.address = address.address;
+    row.dataset.version = address.resource_version;
     cell(row, "name", document.createTextNode(address.name));
     cell(row, "address", text("code", address.address));
     cell(row, "type", document.createTextNode(address.type));
@@ -71,31 +72,43 @@
     cell(row, "figures", text("span", "…", "muted"));
     const edit = text("a", "Edit");
     edit.href = `/spaces/${encodeURIComponent(space)}/addresses/${encodeURIComponent(address.name)}/edit`;
-    cell(row, "actions", edit, deleteForm(address.name));
+    const traces = text("a", "Traces", "traces");
+    traces.href = edit.href.replace(/\/edit$/, "/traces");
+    cell(row, "actions", edit, document.createTextNode(" "), traces, deleteForm(address.name));
     return row;
   }
 
+  // Rows by address name: the Watch replays every address on connect (5,000 in a big space),
+  // so finding a row must not walk the table each time (that made loading quadratic).
+  const rows = new Map(Array.from(body.rows, (row) => [row.dataset.name, row]));
+
   function rowOf(name) {
-    return Array.from(body.rows).find((row) => row.dataset.name === name);
+    return rows.get(name);
   }
 
   function upsert(address) {
-    const fresh = render(address);
     const old = rowOf(address.name);
-    if (old) {
+    // The replay on connect repeats what the page was served with: a row that shows this
+    // version of the address already is left alone (no DOM change, no re-layout of the table).
+    if (old && old.dataset.version === String(address.resource_version)) return;
+    const fresh = render(address);
+    if (old && old.parentNode === body) {
       body.replaceChild(fresh, old);
     } else {
       const after = Array.from(body.rows).find((row) => row.dataset.name > address.name);
       body.insertBefore(fresh, after || null);
     }
+    rows.set(address.name, fresh);
     fillFigures(fresh);
   }
 
   const events = new EventSource(`/spaces/${encodeURIComponent(space)}/events`);
   events.addEventListener("address", (e) => upsert(JSON.parse(e.data)));
   events.addEventListener("removed", (e) => {
-    const row = rowOf(JSON.parse(e.data).name);
+    const name = JSON.parse(e.data).name;
+    const row = rowOf(name);
     if (row) row.remove();
+    rows.delete(name);
   });
   events.addEventListener("figures", (e) => {
     const data = JSON.parse(e.data);
