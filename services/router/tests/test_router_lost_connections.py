@@ -115,21 +115,3 @@ def test_a_restricted_user_may_not_listen(
     assert refused.value.condition == Condition(
         "amqp:unauthorized-access", "user 'device' may not receive from '$lwt'"
     )
-
-
-def test_a_will_is_registered_only_by_who_may_send_everywhere(
-    router: RouterProcess, amqp_client: Callable[..., Client]
-) -> None:
-    """The will service publishes a will to the address it names, as its own identity: a user
-    allowed `mqtt/#` only could otherwise have a will sent to `other`."""
-    device = amqp_client(router.amqp_port, user="device", password=PASSWORD)
-    with pytest.raises(AmqpError) as refused:
-        device.sender(WILL_ADDRESS)
-    assert refused.value.condition == Condition(
-        "amqp:unauthorized-access",
-        "user 'device' may not register a will: a will may name any address, and its rules do "
-        "not allow sending to every one",
-    )
-    assert device.receiver(WILL_ADDRESS, credit=1).address == WILL_ADDRESS, "it goes on"
-    anonymous = amqp_client(router.amqp_port)
-    assert anonymous.sender(WILL_ADDRESS).address == WILL_ADDRESS, "full access may"

@@ -79,7 +79,7 @@ from enmasse.amqp.windows import first_window
 from enmasse.amqp.wire import OUTCOME_ACCEPTED, OUTCOME_NONE
 from enmasse.resources.address_patterns import PATTERN_CAPABILITY
 from enmasse.resources.authorization import RECV, SEND
-from enmasse.resources.contracts import WILL_ADDRESS, ReplyAddresses, dynamic_owner
+from enmasse.resources.contracts import ReplyAddresses, dynamic_owner
 from enmasse.resources.permissions import Permissions, browses, logged_in_as
 from enmasse.router.addressing import DYNAMIC, Resolution, UnknownAddress, resolve
 from enmasse.router.config import Distribution, RouterConfig
@@ -362,12 +362,6 @@ class Router:
             return
         if not self._may_send(permissions, link.address):
             link.refuse(Condition(UNAUTHORIZED, permissions.refusal(SEND, link.address)))
-            return
-        if link.address == WILL_ADDRESS and not permissions.sends_everywhere:
-            # A will names where it goes (its `will_address`) and the will service publishes it
-            # as its own identity, so registering one is sending anywhere. MQTT clients register
-            # theirs through the gateway, which checks the will's topic against their rules.
-            link.refuse(Condition(UNAUTHORIZED, will_refusal(permissions)))
             return
         try:
             resolution = resolve(link.address, config=self.config)
@@ -1023,13 +1017,6 @@ class Router:
                 self._revoke(link, Condition("amqp:link:detach-forced", reason))
                 return True
         return False
-
-
-def will_refusal(permissions: Permissions) -> str:
-    return (
-        f"{permissions.who} may not register a will: a will may name any address, and its "
-        "rules do not allow sending to every one"
-    )
 
 
 def _refuse_revoked(delivery: Delivery) -> None:
